@@ -1,0 +1,56 @@
+"""Shared helpers for benchmark scripts: percentiles, memory bandwidth, JSON + markdown output."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    k = (len(s) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def measure_bandwidth_gbs(mib: int = 512, repeats: int = 5) -> float:
+    """Read bandwidth from summing a large tensor (the best of a few runs)."""
+    x = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best / 1e9
+
+
+def environment() -> dict[str, Any]:
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
+            "machine": platform.machine(), "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def write_results(name: str, data: dict[str, Any], table: str) -> tuple[Path, Path]:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    jpath = RESULTS / f"{name}.json"
+    mpath = RESULTS / f"{name}.md"
+    jpath.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    mpath.write_text(table + "\n")
+    return jpath, mpath
+
+
+def fmt(v: float | None, digits: int = 1) -> str:
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+def mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None

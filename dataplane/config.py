@@ -1,0 +1,127 @@
+"""Engine configuration: plain, validated dataclasses.
+
+Each `__post_init__` names the field and the reason when a value is refused, so a bad
+flag on the worker's command line reads as a sentence, not a stack trace.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+
+
+def parse_bytes(value: int | str, *, name: str) -> int:
+    """Accept 536870912, "512MiB", "0.5GiB" (binary units whatever the suffix's spelling)."""
+    if isinstance(value, int):
+        n = value
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+        if m is None or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"{name}: cannot read {value!r} as a size (e.g. 536870912 or '512MiB')")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise ValueError(f"{name}: must be positive, got {value!r}")
+    return n
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPES.values():
+            raise ValueError(f"dtype: {dtype} is not supported; use one of {sorted(_DTYPES)}")
+        return dtype
+    if dtype == "auto":
+        # bf16 is ~4.5x faster than fp32 for GEMMs on CPUs with AVX-512 BF16 (shared/MACHINE.md),
+        # and the native dtype of most checkpoints on GPUs.
+        return torch.bfloat16
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype: {dtype!r} is not supported; use one of {sorted(_DTYPES)} or 'auto'")
+    return _DTYPES[dtype]
+
+
+@dataclass(slots=True)
+class CacheConfig:
+    block_size: int = 16  # tokens per KV block
+    kv_cache_memory: int | str = "1GiB"  # bytes of KV cache to allocate (all layers, K and V)
+    enable_prefix_caching: bool = True  # reuse full blocks across requests with equal prefixes
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.block_size, int) or self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size: must be a positive power of two, got {self.block_size!r}")
+        self.kv_cache_memory = parse_bytes(self.kv_cache_memory, name="kv_cache_memory")
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64  # running requests at most
+    max_num_batched_tokens: int = 512  # tokens in one forward pass (prefill chunks + decodes)
+    max_waiting: int | None = None  # refuse new requests beyond this many waiting (None: unbounded)
+    aging_seconds: float = 10.0  # a waiting request gains one priority level per this many seconds
+    long_prefill_token_threshold: int = 0  # cap one request's prefill chunk (0: no cap but the budget)
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs: must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens: must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_waiting is not None and self.max_waiting < 0:
+            raise ValueError(f"max_waiting: must be >= 0 or None, got {self.max_waiting}")
+        if self.aging_seconds <= 0:
+            raise ValueError(f"aging_seconds: must be > 0, got {self.aging_seconds}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold: must be >= 0")
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    model: str  # alias, GGUF file, or Hugging Face directory
+    dtype: str = "auto"  # float32 | bfloat16 | float16 | auto
+    device: str = "cpu"
+    max_model_len: int | None = None  # context length; defaults to the model's own
+    seed: int = 0  # seeds the engine's generator for requests that bring no seed
+    quantization: str | None = None  # None (as the checkpoint is) | awq | fp8 | int4 | int8 (dataplane/quant)
+    quantize_lm_head: bool = False  # also quantize the output projection (kept in `dtype` by default)
+    int4_dense_above: int = 0  # int4: keep a dense copy, used for batches above this many rows (0: no copy)
+    torch_dtype: torch.dtype = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model: must name a model (alias, GGUF file or directory)")
+        self.torch_dtype = resolve_dtype(self.dtype)
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len: must be >= 1, got {self.max_model_len}")
+        from dataplane.quant.checkpoint import METHODS
+
+        if self.quantization is not None and self.quantization not in METHODS:
+            raise ValueError(f"quantization: {self.quantization!r} is not supported; use one of "
+                             f"{', '.join(METHODS)} or None")
+        if self.int4_dense_above < 0:
+            raise ValueError(f"int4_dense_above: must be >= 0, got {self.int4_dense_above}")
+
+
+# The projections a LoRA adapter may target, in PEFT's names.
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_MAX_RANK = 64
+
+
+@dataclass(slots=True)
+class LoRAConfig:
+    max_loras: int = 4  # adapters resident in device slots at once, hence distinct adapters per step
+    max_lora_rank: int = 16  # largest rank accepted; slot buffers are sized for it
+    max_cpu_loras: int | None = None  # registered (host-resident) adapters at most; None: 16 x max_loras
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_loras, int) or self.max_loras < 1:
+            raise ValueError(f"max_loras: must be an integer >= 1, got {self.max_loras!r}")
+        if not isinstance(self.max_lora_rank, int) or not 1 <= self.max_lora_rank <= LORA_MAX_RANK:
+            raise ValueError(f"max_lora_rank: must be an integer in [1, {LORA_MAX_RANK}], got {self.max_lora_rank!r}")
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = 16 * self.max_loras
+        if not isinstance(self.max_cpu_loras, int) or self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras: must be an integer >= max_loras ({self.max_loras}), "
+                             f"got {self.max_cpu_loras!r}")

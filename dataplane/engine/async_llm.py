@@ -1,0 +1,221 @@
+"""The asynchronous API: `AsyncLLM.generate(...)` yields deltas; the step loop runs on its own thread.
+
+The engine thread owns the EngineCore outright. Callers talk to it only through a command queue
+(add, abort) and receive outputs through per-request asyncio queues fed with
+`loop.call_soon_threadsafe`, so no caller's event loop ever waits on a model step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dataplane.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig
+from dataplane.engine.core import EngineCore, PromptInput
+from dataplane.lora.manager import AdapterInfo, LoRAStats
+from dataplane.models.loader import LoadedModel
+from dataplane.outputs import RequestOutput
+from dataplane.sampling_params import SamplingParams
+from dataplane.scheduler.scheduler import QueueFullError
+from dataplane.stats import SchedulerStats
+
+log = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped; no request can be served."""
+
+
+@dataclass(slots=True)
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+
+class AsyncLLM:
+    def __init__(self, model_config: ModelConfig, cache_config: CacheConfig | None = None,
+                 scheduler_config: SchedulerConfig | None = None, progress: bool = True,
+                 preloaded: LoadedModel | None = None, lora_config: LoRAConfig | None = None) -> None:
+        self.core = EngineCore(model_config, cache_config or CacheConfig(), scheduler_config or SchedulerConfig(),
+                               progress, preloaded, lora_config)
+        self.tokenizer = self.core.tokenizer
+        self.model_name = model_config.model
+        self.max_model_len = self.core.max_model_len
+        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, _Stream] = {}
+        self._stopped = threading.Event()
+        self._error: BaseException | None = None
+        self.latest_stats: SchedulerStats = self.core.stats()
+        self.latest_lora_stats: LoRAStats | None = self.core.lora_stats()
+        self._thread = threading.Thread(target=self._loop, name="tessera-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_args(cls, model: str, **kwargs: Any) -> AsyncLLM:
+        mc = {k: kwargs.pop(k) for k in ("dtype", "device", "max_model_len", "seed") if k in kwargs}
+        cc = {k: kwargs.pop(k) for k in ("block_size", "kv_cache_memory", "enable_prefix_caching") if k in kwargs}
+        sc = {k: kwargs.pop(k) for k in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "aging_seconds",
+                                         "long_prefill_token_threshold") if k in kwargs}
+        lc = {k: kwargs.pop(k) for k in ("max_loras", "max_lora_rank", "max_cpu_loras") if k in kwargs}
+        lora = LoRAConfig(**lc) if kwargs.pop("enable_lora", False) else None
+        return cls(ModelConfig(model=model, **mc), CacheConfig(**cc), SchedulerConfig(**sc), lora_config=lora,
+                   **kwargs)
+
+    # -- the caller's side ---------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return self.latest_stats.num_waiting
+
+    async def generate(self, prompt: PromptInput, params: SamplingParams, *, request_id: str | None = None,
+                       priority: int = 0, cache_salt: str | None = None, adapter: str | None = None,
+                       ) -> AsyncIterator[RequestOutput]:
+        """Yield deltas (new text, token ids, logprobs per completion) until the request finishes.
+
+        Bad input raises ValueError here, before anything is queued. Leaving the iterator early
+        (a client disconnect) aborts the request and frees its KV blocks within one step.
+        """
+        if self._error is not None or self._stopped.is_set():
+            raise EngineDeadError(f"engine is not running: {self._error!r}")
+        rid, text, children = self.core.make_requests(prompt, params, request_id=request_id or uuid.uuid4().hex,
+                                                      priority=priority, cache_salt=cache_salt, adapter=adapter)
+        limit = self.core.scheduler.config.max_waiting
+        if limit is not None and len(self.core.scheduler.waiting) + len(children) > limit:
+            raise QueueFullError(f"{len(self.core.scheduler.waiting)} requests are waiting (limit {limit})")
+        if rid in self._streams:
+            raise ValueError(f"request_id: {rid!r} is already running")
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        self._streams[rid] = stream
+        self._send("add", (rid, text, children))
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            self._streams.pop(rid, None)
+            if not finished:
+                self._send("abort", rid)
+
+    def abort(self, request_id: str) -> None:
+        self._send("abort", request_id)
+
+    # -- LoRA adapters: parsed on a worker thread, registered on the engine thread ---------------
+    async def add_adapter(self, name: str, path: str) -> None:
+        """Load a PEFT adapter; reading and checking it never holds up the step loop. ValueError if bad."""
+        lora = self.core.lora
+        if lora is None:
+            raise ValueError("adapter: LoRA is not enabled on this engine (enable_lora=True)")
+        adapter = await asyncio.to_thread(lora.load, name, path)
+        await self._call(lambda: lora.register(adapter))
+
+    async def remove_adapter(self, name: str) -> None:
+        """Unload an adapter; ValueError if unknown or in use by requests."""
+        await self._call(lambda: self.core.remove_adapter(name))
+
+    async def list_adapters(self) -> list[AdapterInfo]:
+        return await self._call(self.core.list_adapters)
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn on the engine thread between steps; its result or exception comes back here."""
+        if self._error is not None or self._stopped.is_set():
+            raise EngineDeadError(f"engine is not running: {self._error!r}")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        self._send("call", (fn, loop, future))
+        return await future
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stopped.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and self._error is None
+
+    def _send(self, kind: str, payload: Any) -> None:
+        self._commands.put((kind, payload))
+        self._wake.set()
+
+    # -- the engine thread -------------------------------------------------------------------
+    def _deliver(self, rid: str, item: RequestOutput | BaseException) -> None:
+        stream = self._streams.get(rid)
+        if stream is not None:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                kind, payload = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                rid, text, children = payload
+                try:
+                    self.core.add(rid, text, children)
+                except (ValueError, QueueFullError) as exc:
+                    self._deliver(rid, exc)
+            elif kind == "abort":
+                self.core.abort(payload)
+            elif kind == "call":
+                fn, loop, future = payload
+                try:
+                    result, error = fn(), None
+                except Exception as exc:  # noqa: BLE001 - handed to the caller
+                    result, error = None, exc
+                self._snapshot_stats()  # callers read adapter lists from the snapshot right after
+                loop.call_soon_threadsafe(_settle, future, result, error)
+
+    def _snapshot_stats(self) -> None:
+        self.latest_stats = self.core.stats()
+        if self.core.lora is not None:
+            self.latest_lora_stats = self.core.lora_stats()
+
+    def _loop(self) -> None:
+        try:
+            while not self._stopped.is_set():
+                self._drain_commands()
+                if not self.core.has_unfinished():
+                    self._snapshot_stats()
+                    self._wake.wait(timeout=0.5)
+                    self._wake.clear()
+                    continue
+                for out in self.core.step(delta=True):
+                    self._deliver(out.request_id, out)
+                self._snapshot_stats()
+        except BaseException as exc:  # noqa: BLE001 - reported to every waiting caller
+            log.exception("engine loop died")
+            self._error = exc
+            for rid in list(self._streams):
+                self._deliver(rid, EngineDeadError(f"engine loop died: {exc!r}"))
+            self._fail_calls(EngineDeadError(f"engine loop died: {exc!r}"))
+
+    def _fail_calls(self, error: BaseException) -> None:
+        while True:
+            try:
+                kind, payload = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "call":
+                _, loop, future = payload
+                loop.call_soon_threadsafe(_settle, future, None, error)
+
+
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.done():  # the caller gave up (cancelled)
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

@@ -1,0 +1,182 @@
+"""The engine core: owns the model, the scheduler and the runner; one `step()` is one forward pass."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from dataplane.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig
+from dataplane.engine.output_processor import OutputProcessor
+from dataplane.kv_cache.manager import KVCacheManager
+from dataplane.lora.manager import AdapterInfo, LoRAManager, LoRAStats
+from dataplane.models.loader import LoadedModel, load_model
+from dataplane.outputs import RequestOutput
+from dataplane.request import Request, RequestStatus
+from dataplane.runner.model_runner import ModelRunner
+from dataplane.sampling_params import SamplingParams
+from dataplane.scheduler.output import ModelRunnerOutput
+from dataplane.scheduler.scheduler import Scheduler
+from dataplane.stats import SchedulerStats
+
+log = logging.getLogger(__name__)
+
+PromptInput = str | list[int]
+
+
+@dataclass(slots=True)
+class MemoryReport:
+    weight_bytes: int
+    kv_cache_bytes: int
+    kv_bytes_per_token: int  # 2 x layers x kv_heads x head_dim x dtype bytes
+    num_blocks: int
+    block_size: int
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+class EngineCore:
+    def __init__(self, model_config: ModelConfig, cache_config: CacheConfig, scheduler_config: SchedulerConfig,
+                 progress: bool = True, preloaded: LoadedModel | None = None,
+                 lora_config: LoRAConfig | None = None) -> None:
+        self.model_config = model_config
+        # `preloaded` lets several engines (tests, benchmarks) share one set of read-only weights.
+        loaded = preloaded or load_model(model_config.model, model_config.torch_dtype, model_config.device, progress,
+                                         quantization=model_config.quantization,
+                                         quantize_lm_head=model_config.quantize_lm_head,
+                                         int4_dense_above=model_config.int4_dense_above)
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.model_name = model_config.model
+        self.max_model_len = min(model_config.max_model_len or loaded.args.max_position, loaded.args.max_position)
+        per_token = ModelRunner.kv_bytes_per_token(self.model)
+        num_blocks = int(cache_config.kv_cache_memory) // (per_token * cache_config.block_size)
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache_memory: {cache_config.kv_cache_memory} bytes hold no block of "
+                             f"{cache_config.block_size} tokens at {per_token} bytes per token")
+        self.memory = MemoryReport(self.model.weight_bytes, num_blocks * cache_config.block_size * per_token,
+                                   per_token, num_blocks, cache_config.block_size)
+        report = (f"{self.model_name}: weights {self.memory.weight_bytes / 2**20:.1f} MiB "
+                  f"({model_config.torch_dtype}); KV cache {self.memory.kv_cache_bytes / 2**20:.1f} MiB = "
+                  f"{num_blocks} blocks x {cache_config.block_size} tokens = {self.memory.kv_cache_tokens} tokens "
+                  f"({per_token} bytes/token = 2 x {self.model.args.num_layers} layers x "
+                  f"{self.model.args.num_kv_heads} kv heads x {self.model.args.head_dim} x "
+                  f"{self.model.embed.element_size()} bytes)")
+        log.info(report)
+        if progress:
+            print(report, file=sys.stderr)
+        kv = KVCacheManager(num_blocks, cache_config.block_size, cache_config.enable_prefix_caching)
+        self.scheduler = Scheduler(scheduler_config, kv, self.max_model_len,
+                                   max_loras=lora_config.max_loras if lora_config else None)
+        # Multi-LoRA (dataplane/lora): None when the engine serves the base model only.
+        self.lora = LoRAManager(lora_config, self.model, self.scheduler) if lora_config else None
+        self.runner = ModelRunner(self.model, num_blocks, cache_config.block_size, model_config.seed,
+                                  lora=self.lora.runtime if self.lora else None)
+        self.processor = OutputProcessor(self.tokenizer)
+        self._ids = itertools.count()
+
+    # -- building requests (validates; queues nothing) -------------------------------------------
+    def tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt: must not be empty")
+            return prompt, self.tokenizer.encode(prompt)
+        if not isinstance(prompt, list | tuple) or not prompt:
+            raise ValueError("prompt: must be a non-empty string or a non-empty list of token ids")
+        vocab = self.model.args.vocab_size
+        if any(not isinstance(t, int) or t < 0 or t >= vocab for t in prompt):
+            raise ValueError(f"prompt: token ids must be integers in [0, {vocab})")
+        return None, list(prompt)
+
+    def make_requests(self, prompt: PromptInput, params: SamplingParams, *, request_id: str | None = None,
+                      priority: int = 0, cache_salt: str | None = None, adapter: str | None = None,
+                      ) -> tuple[str, str | None, list[Request]]:
+        """One engine request per completion (n of them); siblings reuse the first one's prompt blocks."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError("params: expected SamplingParams")
+        text, ids = self.tokenize(prompt)
+        adapter = self._adapter_key(adapter)
+        rid = request_id or f"req-{next(self._ids)}"
+        children: list[Request] = []
+        for i in range(params.n):
+            p = params
+            if params.n > 1:
+                p = _copy_params(params, seed=None if params.seed is None else params.seed + i)
+            children.append(Request(f"{rid}#{i}" if params.n > 1 else rid, ids, p, self.tokenizer.eos_token_ids,
+                                    priority, cache_salt, adapter, wait_for=children[0] if children else None))
+        self.scheduler.check_admissible(children[0])
+        return rid, text, children
+
+    def add(self, request_id: str, prompt: str | None, children: list[Request]) -> None:
+        if request_id in self.processor.parents:
+            raise ValueError(f"request_id: {request_id!r} is already running")
+        if self.lora is not None:
+            self.lora.admit(children[0].adapter)
+        for child in children:
+            self.scheduler.add_request(child)
+        self.processor.add(request_id, prompt, children)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        self.scheduler.finish_requests(self.processor.children_of(request_id), RequestStatus.FINISHED_ABORTED)
+        return self.processor.abort(request_id)
+
+    # -- LoRA adapters (dataplane/lora) ----------------------------------------------------------
+    def _adapter_key(self, name: str | None) -> str | None:
+        if name is not None and self.lora is None:
+            raise ValueError("adapter: LoRA is not enabled on this engine (enable_lora=True)")
+        return self.lora.resolve(name) if self.lora is not None else None
+
+    def _lora(self) -> LoRAManager:
+        if self.lora is None:
+            raise ValueError("adapter: LoRA is not enabled on this engine (enable_lora=True)")
+        return self.lora
+
+    def add_adapter(self, name: str, path: str) -> None:
+        """Parse, validate and register an adapter (the offline API; AsyncLLM parses off the step thread)."""
+        lora = self._lora()
+        lora.register(lora.load(name, path))
+
+    def remove_adapter(self, name: str) -> None:
+        """Unregister an adapter; refused while requests use it."""
+        self._lora().remove(name)
+
+    def list_adapters(self) -> list[AdapterInfo]:
+        return self.lora.list() if self.lora is not None else []
+
+    def lora_stats(self) -> LoRAStats | None:
+        return self.lora.stats() if self.lora is not None else None
+
+    # -- one step ------------------------------------------------------------------------------
+    def step(self, delta: bool = False) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        try:
+            result = self.runner.execute(out)
+        except Exception as exc:  # noqa: BLE001 - one bad step must not take the engine down
+            log.exception("model step failed; failing its %d requests", len(out.num_scheduled_tokens))
+            result = ModelRunnerOutput(failed_request_ids={rid: f"engine error: {exc}"
+                                                           for rid in out.num_scheduled_tokens})
+        core_outputs = self.scheduler.update(out, result)
+        outputs, stops = self.processor.process(core_outputs, delta)
+        for child_id, stop in stops:
+            req = self.scheduler.requests.get(child_id)
+            if req is not None:
+                req.stop_reason = stop
+            self.scheduler.finish_requests([child_id], RequestStatus.FINISHED_STOPPED)
+        return outputs
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def stats(self) -> SchedulerStats:
+        return self.scheduler.stats()
+
+
+def _copy_params(params: SamplingParams, **changes: Any) -> SamplingParams:
+    values = {name: getattr(params, name) for name in SamplingParams.__dataclass_fields__}
+    values.update(changes)
+    values["n"] = 1
+    return SamplingParams(**values)

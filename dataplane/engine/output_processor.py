@@ -1,0 +1,134 @@
+"""Turns the core's per-step token outputs into RequestOutputs: text, stop strings, n > 1 fan-in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dataplane.engine.detokenizer import IncrementalDetokenizer
+from dataplane.models.tokenizer import Tokenizer
+from dataplane.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from dataplane.request import Request
+from dataplane.scheduler.output import EngineCoreOutput, TokenLogprobs
+
+
+@dataclass(slots=True)
+class _Completion:
+    index: int
+    request: Request  # the engine request behind this completion
+    detok: IncrementalDetokenizer
+    logprobs: list[TokenLogprobs] | None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    error: str | None = None
+    sent_tokens: int = 0  # tokens already handed out as deltas
+    sent_logprobs: int = 0
+
+
+@dataclass(slots=True)
+class _Parent:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    completions: list[_Completion] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return all(c.finish_reason is not None for c in self.completions)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.parents: dict[str, _Parent] = {}
+        self.child_to_parent: dict[str, tuple[_Parent, _Completion]] = {}
+
+    def add(self, parent_id: str, prompt: str | None, children: list[Request]) -> None:
+        parent = _Parent(parent_id, prompt, children[0].prompt_token_ids)
+        for i, child in enumerate(children):
+            c = _Completion(i, child, IncrementalDetokenizer(self.tokenizer, child.sampling_params),
+                            [] if child.sampling_params.logprobs is not None else None)
+            parent.completions.append(c)
+            self.child_to_parent[child.request_id] = (parent, c)
+        self.parents[parent_id] = parent
+
+    def children_of(self, parent_id: str) -> list[str]:
+        parent = self.parents.get(parent_id)
+        return [c.request.request_id for c in parent.completions] if parent else []
+
+    def process(self, outputs: list[EngineCoreOutput], delta: bool) -> tuple[list[RequestOutput], list[tuple[str, str]]]:
+        """Returns the outputs to hand out, and (child id, stop string) pairs the core must finish."""
+        touched: dict[str, _Parent] = {}
+        moved: dict[str, set[int]] = {}
+        stops: list[tuple[str, str]] = []
+        for o in outputs:
+            entry = self.child_to_parent.get(o.request_id)
+            if entry is None:
+                continue
+            parent, c = entry
+            if c.finish_reason is not None:
+                continue
+            stop_str = c.detok.add_tokens(o.new_token_ids) if o.new_token_ids else None
+            if o.new_logprobs and c.logprobs is not None:
+                c.logprobs.extend(o.new_logprobs)
+            if stop_str is not None:
+                c.finish_reason, c.stop_reason = "stop", stop_str
+                if o.finish_reason is None:
+                    stops.append((o.request_id, stop_str))
+            elif o.finish_reason is not None:
+                c.finish_reason, c.stop_reason, c.error = o.finish_reason, o.stop_reason, o.error
+            if c.finish_reason is not None:
+                c.detok.finish()
+            touched[parent.request_id] = parent
+            moved.setdefault(parent.request_id, set()).add(c.index)
+        results = [self._output(p, moved[p.request_id], delta) for p in touched.values()]
+        for p in touched.values():
+            if p.finished:
+                self._forget(p)
+        return results, stops
+
+    def abort(self, parent_id: str) -> RequestOutput | None:
+        """Mark every unfinished completion aborted and return the final output."""
+        parent = self.parents.get(parent_id)
+        if parent is None:
+            return None
+        idx = set()
+        for c in parent.completions:
+            if c.finish_reason is None:
+                c.finish_reason = "abort"
+                idx.add(c.index)
+        out = self._output(parent, idx, delta=True)
+        self._forget(parent)
+        return out
+
+    def _forget(self, parent: _Parent) -> None:
+        self.parents.pop(parent.request_id, None)
+        for c in parent.completions:
+            self.child_to_parent.pop(c.request.request_id, None)
+
+    def _output(self, parent: _Parent, moved: set[int], delta: bool) -> RequestOutput:
+        comps = []
+        for c in parent.completions:
+            if delta and c.index not in moved:
+                continue
+            finished = c.finish_reason is not None
+            tokens = c.detok.token_ids
+            if delta:
+                text = c.detok.take_new_text(finished)
+                token_ids = tokens[c.sent_tokens :]
+                logprobs = c.logprobs[c.sent_logprobs :] if c.logprobs is not None else None
+                c.sent_tokens = len(tokens)
+                c.sent_logprobs = len(c.logprobs) if c.logprobs is not None else 0
+            else:
+                text, token_ids, logprobs = c.detok.text, list(tokens), c.logprobs
+            comps.append(CompletionOutput(c.index, text, token_ids, c.finish_reason, c.stop_reason, logprobs,
+                                          c.error))
+        first = parent.completions[0].request
+        t = first.times
+        last_token = max((c.request.times.last_token or 0.0) for c in parent.completions) or None
+        finished_at = max((c.request.times.finished or 0.0) for c in parent.completions) or None
+        metrics = RequestMetrics(t.arrival, t.first_scheduled,
+                                 min((c.request.times.first_token for c in parent.completions
+                                      if c.request.times.first_token is not None), default=None),
+                                 (finished_at or last_token) if parent.finished else None)
+        return RequestOutput(parent.request_id, parent.prompt_token_ids, comps, parent.finished,
+                             max(first.num_cached_tokens, 0), metrics, parent.prompt)

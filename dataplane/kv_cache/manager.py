@@ -1,0 +1,92 @@
+"""Per-request block tables over the block pool; the scheduler's only window onto KV memory."""
+
+from __future__ import annotations
+
+from dataplane.kv_cache.block_hash import update_block_hashes
+from dataplane.kv_cache.block_pool import BlockPool, KVBlock
+from dataplane.request import Request
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self.req_blocks: dict[str, list[KVBlock]] = {}
+        self.num_cached_blocks: dict[str, int] = {}  # leading blocks of the request already hashed
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
+        """Longest run of the request's leading full blocks already in the cache.
+
+        At least one token is always left to compute: the step that computes it yields the logits.
+        """
+        if not self.pool.enable_caching:
+            return [], 0
+        hashes = update_block_hashes(request, self.block_size)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVBlock] = []
+        for h in hashes[:max_blocks]:
+            block = self.pool.lookup(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    def record_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Count a lookup whose result was used (a refused admission retries and must not count twice)."""
+        self.pool.queries += num_tokens
+        self.pool.hits += num_hit_tokens
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       computed_blocks: list[KVBlock] | None = None) -> list[KVBlock] | None:
+        """Make room for `num_new_tokens` more tokens; None when the pool is short (preempt something)."""
+        computed_blocks = computed_blocks or []
+        have = self.req_blocks.get(request.request_id, [])
+        num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
+        need = self.blocks_needed(num_computed + num_new_tokens) - len(have) - len(computed_blocks)
+        # Cached hits with no owner sit in the free queue: taking them shrinks what is free.
+        idle_hits = sum(1 for b in computed_blocks if b.ref_cnt == 0)
+        if need > self.pool.num_free - idle_hits:
+            return None
+        if computed_blocks:
+            self.pool.touch(computed_blocks)
+        new = self.pool.take(max(need, 0))
+        blocks = self.req_blocks.setdefault(request.request_id, [])
+        blocks.extend(computed_blocks)
+        blocks.extend(new)
+        self._cache_full_blocks(request, num_computed + num_new_tokens)
+        return new
+
+    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        """Publish blocks that this step fills with known tokens to the prefix cache."""
+        if not self.pool.enable_caching:
+            return
+        full = min(num_tokens, request.num_tokens) // self.block_size
+        done = self.num_cached_blocks.get(request.request_id, 0)
+        if full <= done:
+            return
+        hashes = update_block_hashes(request, self.block_size)
+        blocks = self.req_blocks[request.request_id]
+        for i in range(done, full):
+            self.pool.cache(blocks[i], hashes[i])
+        self.num_cached_blocks[request.request_id] = full
+
+    def free(self, request: Request, *, forget: bool = False) -> None:
+        """Return the request's blocks; the tail first, so shared prefixes are evicted last."""
+        blocks = self.req_blocks.pop(request.request_id, [])
+        self.num_cached_blocks.pop(request.request_id, None)
+        if forget:
+            self.pool.forget([b for b in blocks if b.ref_cnt == 1])
+        self.pool.release(list(reversed(blocks)))
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_blocks.get(request_id, [])]
+
+    def usage(self) -> float:
+        return self.pool.usage()

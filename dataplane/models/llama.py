@@ -1,0 +1,114 @@
+"""A Llama-family decoder (RoPE, GQA, RMSNorm, SwiGLU) over a flattened ragged batch.
+
+Plain tensors and callables rather than nn.Modules: a 135M-parameter model spends a large
+share of each step in Python, and a lean forward with fused QKV and gate-up projections
+keeps that share small.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from dataplane.models.config import LlamaArgs
+from dataplane.models.layers import Linear, NeoxRotary, Rotary, rms_norm, silu_and_mul
+from dataplane.runner.attention import AttentionMetadata, paged_attention, paged_attention_kernels, write_kv
+from kernels import dispatch
+
+if TYPE_CHECKING:
+    from dataplane.lora.context import LoRAStepContext
+
+
+@dataclass(slots=True)
+class DecoderLayer:
+    input_norm: torch.Tensor  # [hidden]
+    qkv_proj: Linear  # fused q, k, v: [(H + 2 Hkv) * D, hidden]
+    o_proj: Linear  # [hidden, H * D]
+    post_norm: torch.Tensor  # [hidden]
+    gate_up_proj: Linear  # fused gate and up: [2 * intermediate, hidden]
+    down_proj: Linear  # [hidden, intermediate]
+
+
+class LlamaModel:
+    def __init__(self, args: LlamaArgs, embed: torch.Tensor, layers: list[DecoderLayer], norm: torch.Tensor,
+                 lm_head: Linear, *, use_kernels: bool = False) -> None:
+        self.args = args
+        self.embed = embed
+        self.layers = layers
+        self.norm = norm
+        self.lm_head = lm_head
+        self.dtype = embed.dtype
+        self.device = embed.device
+        # The torch path (CPU) or the Triton kernels (CUDA, or TESSERA_KERNELS=triton), fixed at load
+        # because the q/k row order depends on it (see loader.build_llama).
+        self.use_kernels = use_kernels
+        rotary = NeoxRotary if use_kernels else Rotary
+        self.rotary = rotary(args.head_dim, args.max_position, args.rope_theta, args.rope_scaling_factor,
+                             self.device)
+        self._norm = _kernel_rms_norm if use_kernels else rms_norm
+        self._act = dispatch.silu_and_mul if use_kernels else silu_and_mul
+        self._attention = paged_attention_kernels if use_kernels else paged_attention
+        self.scale = args.head_dim ** -0.5
+
+    @property
+    def weight_bytes(self) -> int:
+        total = self.embed.numel() * self.embed.element_size() + self.norm.numel() * self.norm.element_size()
+        for layer in self.layers:
+            for proj in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj):
+                total += proj.weight_bytes
+            total += (layer.input_norm.numel() + layer.post_norm.numel()) * layer.input_norm.element_size()
+        if getattr(self.lm_head, "weight", None) is not self.embed:  # untied, or a quantized copy of it
+            total += self.lm_head.weight_bytes
+        return total
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] long
+        positions: torch.Tensor,  # [T] long
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (key_cache, value_cache)
+        logits_indices: torch.Tensor,  # [R] rows whose next-token logits are wanted
+        lora: LoRAStepContext | None = None,  # this step's adapters; None when no token uses one
+    ) -> torch.Tensor:
+        a = self.args
+        eps = a.rms_norm_eps
+        q_size, kv_size, heads, kv_heads, d = a.q_size, a.kv_size, a.num_heads, a.num_kv_heads, a.head_dim
+        n = input_ids.shape[0]
+        norm, act, attention = self._norm, self._act, self._attention
+        rope = self.rotary.prepare(positions)
+        h = F.embedding(input_ids, self.embed)
+        for i, (layer, (key_cache, value_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            x = norm(h, layer.input_norm, eps)
+            qkv = layer.qkv_proj(x)
+            if lora is not None:
+                lora.apply(i, "qkv", x, qkv)
+            q, k = self.rotary.rotate(qkv, rope, heads, kv_heads)
+            v = qkv[:, q_size + kv_size :].view(n, kv_heads, d)
+            write_kv(key_cache, value_cache, k, v, meta.slot_mapping)
+            attn = attention(q, k, v, key_cache, value_cache, meta, self.scale)
+            if lora is None:
+                h = h + layer.o_proj(attn)
+                x = norm(h, layer.post_norm, eps)
+                h = h + layer.down_proj(act(layer.gate_up_proj(x)))
+                continue
+            # LoRA deltas are added in place to each fused projection's output (see dataplane/lora).
+            o = layer.o_proj(attn)
+            lora.apply(i, "o", attn, o)
+            h = h + o
+            x = norm(h, layer.post_norm, eps)
+            gate_up = layer.gate_up_proj(x)
+            lora.apply(i, "gate_up", x, gate_up)
+            hidden = act(gate_up)
+            down = layer.down_proj(hidden)
+            lora.apply(i, "down", hidden, down)
+            h = h + down
+        h = norm(h[logits_indices], self.norm, eps)
+        return self.lm_head(h).float()
+
+
+def _kernel_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return dispatch.rms_norm(x, weight, eps)[0]

@@ -1,0 +1,183 @@
+"""Load a Llama-family model from a GGUF file (dequantized with `gguf`) or a Hugging Face directory."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from dataplane.models.config import LlamaArgs
+from dataplane.models.disk_cache import cache_dir, file_key, temp_sibling
+from dataplane.models.llama import DecoderLayer, LlamaModel
+from dataplane.models.registry import resolve_model_path
+from dataplane.models.tokenizer import Tokenizer
+from dataplane.quant.checkpoint import Projections, QuantSpec, read_quantization_config, resolve_quantization
+from kernels import dispatch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    model: LlamaModel
+    tokenizer: Tokenizer
+    args: LlamaArgs
+    path: Path
+
+
+def load_model(name: str, dtype: torch.dtype, device: str | torch.device = "cpu",
+               progress: bool = True, quantization: str | None = None, quantize_lm_head: bool = False,
+               int4_dense_above: int = 0) -> LoadedModel:
+    """`quantization`: None (as the checkpoint is), awq, fp8, int4, int8; see dataplane/quant/checkpoint.py."""
+    path = resolve_model_path(name)
+    spec = resolve_quantization(quantization, read_quantization_config(path), quantize_lm_head=quantize_lm_head,
+                                int4_dense_above=int4_dense_above)
+    args, tensors = read_weights(path, progress)
+    if path.is_file():
+        tokenizer = Tokenizer.from_gguf(path, args.eos_token_ids)
+    else:
+        tokenizer = Tokenizer.from_directory(path, args.eos_token_ids)
+    model = build_llama(args, tensors, dtype, torch.device(device), quant=spec)
+    log.info("loaded %s: %d layers, %.1f MiB of weights in %s%s", path.name, args.num_layers,
+             model.weight_bytes / 2**20, dtype, f" ({spec.method})" if spec else "")
+    return LoadedModel(model, tokenizer, args, path)
+
+
+def read_weights(path: Path, progress: bool = True) -> tuple[LlamaArgs, dict[str, torch.Tensor]]:
+    """Arguments and Hugging Face-named tensors of a GGUF file (dequantized) or a model directory."""
+    return _read_gguf_cached(path, progress) if path.is_file() else _read_hf_dir(path, progress)
+
+
+def build_llama(args: LlamaArgs, t: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
+                quant: QuantSpec | None = None) -> LlamaModel:
+    """Assemble the model from tensors named in Hugging Face's convention.
+
+    On the torch path q/k rows are interleaved for the complex-multiply rotary; where the Triton
+    kernels run (CUDA, or TESSERA_KERNELS=triton) they keep HF's rotate_half order for the kernel.
+    """
+    use_kernels = dispatch.use_triton(device)
+    src = Projections(t, dtype, device, quant)
+    w = src.dense
+
+    def rot(heads: int) -> int | None:
+        return None if use_kernels else heads
+
+    layers = []
+    for i in range(args.num_layers):
+        p = f"model.layers.{i}."
+        layers.append(DecoderLayer(
+            input_norm=w(p + "input_layernorm.weight"),
+            qkv_proj=src.projection([(p + "self_attn.q_proj", rot(args.num_heads)),
+                                     (p + "self_attn.k_proj", rot(args.num_kv_heads)), (p + "self_attn.v_proj", None)]),
+            o_proj=src.projection([(p + "self_attn.o_proj", None)]),
+            post_norm=w(p + "post_attention_layernorm.weight"),
+            gate_up_proj=src.projection([(p + "mlp.gate_proj", None), (p + "mlp.up_proj", None)]),
+            down_proj=src.projection([(p + "mlp.down_proj", None)]),
+        ))
+    embed = w("model.embed_tokens.weight")
+    lm_head = src.head(embed if args.tie_word_embeddings else w("lm_head.weight"))
+    return LlamaModel(args, embed, layers, w("model.norm.weight"), lm_head, use_kernels=use_kernels)
+
+
+# GGUF tensor names -> Hugging Face names (per layer, after the "blk.N." prefix).
+_GGUF_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GGUF_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def _unpermute(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's convert-time permutation of q/k rows (interleaved rope -> rotate_half)."""
+    rows = weight.shape[0]
+    return weight.reshape(n_head, rows // n_head // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _read_gguf_cached(path: Path, progress: bool) -> tuple[LlamaArgs, dict[str, torch.Tensor]]:
+    """The GGUF's dequantized tensors and arguments, from the local cache when present."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    cached = cache_dir("weights") / f"{file_key(path)}.safetensors"
+    if cached.exists():
+        try:
+            with safe_open(str(cached), framework="pt") as f:
+                fields = json.loads(f.metadata()["llama_args"])
+                fields["eos_token_ids"] = tuple(fields["eos_token_ids"])
+                return LlamaArgs(**fields), {name: f.get_tensor(name) for name in f.keys()}
+        except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt from the GGUF
+            log.warning("ignoring unreadable weight cache %s", cached)
+    args, tensors = _read_gguf(path, progress)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_sibling(cached)
+        save_file(tensors, str(tmp), metadata={"llama_args": json.dumps(dataclasses.asdict(args))})
+        os.replace(tmp, cached)
+    except OSError as exc:
+        log.warning("could not cache dequantized weights: %s", exc)
+    return args, tensors
+
+
+def _read_gguf(path: Path, progress: bool) -> tuple[LlamaArgs, dict[str, torch.Tensor]]:
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    scalars = {}
+    for key, field in reader.fields.items():
+        # The tokenizer's arrays are large and read by the tokenizer loader; skip them here.
+        if key.startswith("tokenizer.ggml.") and key.split(".")[-1] in ("tokens", "merges", "token_type", "scores"):
+            continue
+        try:
+            scalars[key] = field.contents()
+        except Exception:  # noqa: BLE001 - an exotic field we do not need
+            continue
+    names = {t.name for t in reader.tensors}
+    vocab = next(t.shape[1] for t in reader.tensors if t.name == "token_embd.weight")
+    args = LlamaArgs.from_gguf_fields(scalars, has_output_weight="output.weight" in names, vocab_size=int(vocab))
+    tensors: dict[str, torch.Tensor] = {}
+    for t in tqdm(reader.tensors, desc=f"loading {path.name}", disable=not progress, unit="tensor"):
+        array = gguf.quants.dequantize(t.data, t.tensor_type)
+        array = np.asarray(array, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
+        if t.name.startswith("blk."):
+            _, idx, rest = t.name.split(".", 2)
+            if rest not in _GGUF_LAYER_NAMES:
+                continue
+            if rest == "attn_q.weight":
+                array = _unpermute(array, args.num_heads)
+            elif rest == "attn_k.weight":
+                array = _unpermute(array, args.num_kv_heads)
+            tensors[f"model.layers.{idx}.{_GGUF_LAYER_NAMES[rest]}"] = torch.from_numpy(np.array(array, copy=True))
+        elif t.name in _GGUF_GLOBAL_NAMES:
+            tensors[_GGUF_GLOBAL_NAMES[t.name]] = torch.from_numpy(np.array(array, copy=True))
+    return args, tensors
+
+
+def _read_hf_dir(path: Path, progress: bool) -> tuple[LlamaArgs, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    args = LlamaArgs.from_hf_config(json.loads((path / "config.json").read_text()))
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"model: no *.safetensors files in {path}")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in tqdm(files, desc=f"loading {path.name}", disable=not progress, unit="file"):
+        tensors.update(load_file(str(f)))
+    return args, tensors

@@ -1,0 +1,208 @@
+"""Attention over the paged KV cache: plain torch on the CPU, the Triton kernels on CUDA.
+
+The batch is ordered decodes first (one query token each, sorted by context length), then
+prefill chunks. On the torch path decodes run as a few batched matmuls, one per group of
+similar context lengths, so padding waste stays bounded; each prefill chunk runs alone against
+its cached prefix. Where the kernels run (kernels.dispatch.use_triton), all decodes form one
+group, one launch of the paged decode kernel with one int32 block table, and all prefill chunks
+one launch of the prefill kernel with cu_seqlens. Metadata is built once per step and passed to
+every layer explicitly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from kernels import dispatch
+
+# A decode group is cut when the next context is this much longer than the group's shortest:
+# gathered K/V rows are padded to the group's longest, so this bounds the wasted gather traffic.
+DECODE_GROUP_SPREAD = 1.5
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    start: int  # first query row of the group in the flattened batch
+    end: int  # one past the last query row
+    block_tables: torch.Tensor  # [n, max_blocks] long (int32 for the kernels), padded with block 0
+    mask: torch.Tensor | None  # [n, 1, 1, max_blocks * block_size] bool, True where the key is real (torch path)
+    context_lens: torch.Tensor | None = None  # [n] int32 keys per query (kernel path)
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    start: int  # first query row in the flattened batch
+    end: int  # one past the last query row
+    prefix_len: int  # tokens already in the cache before this chunk
+    block_ids: torch.Tensor  # [num_blocks] long, the request's blocks covering prefix + chunk
+    mask: torch.Tensor | None = None  # [chunk, prefix + chunk] bool offset-causal mask; None without prefix
+
+
+def make_prefill_chunk(start: int, end: int, prefix_len: int, block_ids: list[int],
+                       device: torch.device) -> PrefillChunk:
+    mask = None
+    if prefix_len:
+        # Query i sits at position prefix_len + i and sees keys 0 .. prefix_len + i.
+        mask = torch.ones((end - start, prefix_len + end - start), dtype=torch.bool, device=device).tril(prefix_len)
+    return PrefillChunk(start, end, prefix_len, torch.tensor(block_ids, dtype=torch.long, device=device), mask)
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] long, cache slot (block * block_size + offset) per token
+    block_size: int
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    prefill_batch: PrefillBatch | None = None  # the kernel path's view of `prefills`, built on first use
+
+
+@dataclass(slots=True)
+class PrefillBatch:
+    """All prefill chunks of a step as the prefill kernel takes them (rows start..end of the batch)."""
+
+    start: int
+    end: int
+    block_tables: torch.Tensor  # [S, max_blocks] int32, padded with block 0
+    cu_seqlens_q: torch.Tensor  # [S + 1] int32, offsets from `start`
+    context_lens: torch.Tensor  # [S] int32, cached prefix + chunk
+    max_seqlen_q: int
+
+
+def build_decode_groups(
+    context_lens: list[int], block_tables: list[list[int]], block_size: int, device: torch.device
+) -> list[DecodeGroup]:
+    """Cut decodes (already sorted by context length) into groups of similar length.
+
+    For the kernels: one group of every decode, with int32 tables and context lengths, no mask.
+    """
+    n = len(context_lens)
+    if n and dispatch.use_triton(device):
+        width = max(len(t) for t in block_tables)
+        table = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
+        return [DecodeGroup(0, n, table.to(device), None, torch.tensor(context_lens, dtype=torch.int32).to(device))]
+    groups: list[DecodeGroup] = []
+    i = 0
+    while i < n:
+        j = i + 1
+        while j < n and context_lens[j] <= max(context_lens[i] * DECODE_GROUP_SPREAD, context_lens[i] + block_size):
+            j += 1
+        max_blocks = max(len(block_tables[r]) for r in range(i, j))
+        table = torch.zeros((j - i, max_blocks), dtype=torch.long)
+        for r in range(i, j):
+            table[r - i, : len(block_tables[r])] = torch.tensor(block_tables[r], dtype=torch.long)
+        lens = torch.tensor(context_lens[i:j], dtype=torch.long)
+        mask = torch.arange(max_blocks * block_size)[None, :] < lens[:, None]
+        groups.append(DecodeGroup(i, j, table.to(device), mask[:, None, None, :].to(device)))
+        i = j
+    return groups
+
+
+def write_kv(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """Store this step's K/V rows ([T, kv_heads, head_dim]) at their cache slots."""
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k)
+    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v)
+
+
+def _gather(cache: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    # [n, blocks] -> [n, blocks, block_size, kvh, d] -> [n, kvh, blocks * block_size, d]
+    g = cache[table]
+    n, b, bs, h, d = g.shape
+    return g.view(n, b * bs, h, d).transpose(1, 2)
+
+
+def _decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, g: DecodeGroup,
+                      scale: float) -> torch.Tensor:
+    """One query per sequence, as two batched matmuls with the GQA group folded into the query rows.
+
+    On CPU this is ~10x faster than F.scaled_dot_product_attention for single-token queries in
+    bf16 (32 sequences x 512 keys: 2.0 ms vs 15.7 ms, one thread; benchmarks/kernels has the run).
+    """
+    n, num_heads, head_dim = q.shape
+    k = _gather(key_cache, g.block_tables)  # [n, Hkv, L, D]
+    v = _gather(value_cache, g.block_tables)
+    num_kv_heads = k.shape[1]
+    qg = q.view(n, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale  # [n, Hkv, group, L]
+    scores.masked_fill_(~g.mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    return torch.matmul(probs, v).view(n, num_heads, head_dim)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """q [T, H, D], k/v [T, Hkv, D] (this step's, already written to the cache) -> [T, H * D]."""
+    num_tokens, num_heads, head_dim = q.shape
+    out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    for g in meta.decode_groups:
+        out[g.start : g.end] = _decode_attention(q[g.start : g.end], key_cache, value_cache, g, scale)
+    for p in meta.prefills:
+        qp = q[p.start : p.end].transpose(0, 1).unsqueeze(0)  # [1, H, Q, D]
+        if p.prefix_len == 0:
+            # Nothing cached before the chunk: attend to this step's K/V directly, no gather.
+            kp = k[p.start : p.end].transpose(0, 1).unsqueeze(0)
+            vp = v[p.start : p.end].transpose(0, 1).unsqueeze(0)
+            o = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            ctx = p.prefix_len + (p.end - p.start)
+            kp = _gather(key_cache, p.block_ids[None])[:, :, :ctx]
+            vp = _gather(value_cache, p.block_ids[None])[:, :, :ctx]
+            o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, scale=scale, enable_gqa=True)
+        out[p.start : p.end] = o.squeeze(0).transpose(0, 1)
+    return out.view(num_tokens, num_heads * head_dim)
+
+
+def _prefill_batch(prefills: list[PrefillChunk], device: torch.device) -> PrefillBatch:
+    width = max(len(p.block_ids) for p in prefills)
+    table = torch.zeros((len(prefills), width), dtype=torch.int32)
+    cu, lens = [0], []
+    for i, p in enumerate(prefills):
+        table[i, : len(p.block_ids)] = p.block_ids.cpu().to(torch.int32)
+        if p.start != prefills[0].start + cu[-1]:
+            raise ValueError("prefill chunks must be contiguous rows of the batch")
+        cu.append(cu[-1] + p.end - p.start)
+        lens.append(p.prefix_len + p.end - p.start)
+    return PrefillBatch(prefills[0].start, prefills[-1].end, table.to(device),
+                        torch.tensor(cu, dtype=torch.int32).to(device), torch.tensor(lens, dtype=torch.int32).to(device),
+                        max(p.end - p.start for p in prefills))
+
+
+def paged_attention_kernels(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """paged_attention through kernels.dispatch: one decode launch per group (one group when built for
+    the kernels) and one prefill launch for all chunks. k and v are read back from the cache."""
+    num_tokens, num_heads, head_dim = q.shape
+    out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    for g in meta.decode_groups:
+        lens = g.context_lens
+        if lens is None:  # groups built for the torch path
+            lens = g.mask.reshape(g.end - g.start, -1).sum(-1, dtype=torch.int32)
+        out[g.start : g.end] = dispatch.paged_decode_attention(
+            q[g.start : g.end], key_cache, value_cache, g.block_tables.to(torch.int32), lens, scale)
+    if meta.prefills:
+        if meta.prefill_batch is None:  # once per step, shared by every layer
+            meta.prefill_batch = _prefill_batch(meta.prefills, q.device)
+        b = meta.prefill_batch
+        out[b.start : b.end] = dispatch.prefill_attention(
+            q[b.start : b.end], key_cache, value_cache, b.block_tables, b.cu_seqlens_q, b.context_lens, scale,
+            max_seqlen_q=b.max_seqlen_q)
+    return out.view(num_tokens, num_heads * head_dim)

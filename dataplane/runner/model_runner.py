@@ -1,0 +1,137 @@
+"""Executes one scheduled step: builds the flattened ragged batch, runs the model, samples.
+
+The runner keeps a small per-request state (tokens, block table) updated from each
+SchedulerOutput, so a continuing request costs the scheduler only its new block ids.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from dataplane.lora.runtime import LoRARuntime
+from dataplane.models.llama import LlamaModel
+from dataplane.runner.attention import AttentionMetadata, build_decode_groups, make_prefill_chunk
+from dataplane.sampling.sampler import Sampler, SamplingRow
+from dataplane.sampling_params import SamplingParams
+from dataplane.scheduler.output import ModelRunnerOutput, SchedulerOutput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RunnerRequestState:
+    token_ids: list[int]  # prompt + outputs known to the runner
+    num_prompt_tokens: int
+    block_ids: list[int]
+    num_computed_tokens: int
+    params: SamplingParams
+    adapter: str | None
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, seed: int = 0,
+                 lora: LoRARuntime | None = None) -> None:
+        self.model = model
+        self.lora = lora  # device slots and per-step adapter metadata, when LoRA is enabled
+        self.block_size = block_size
+        a = model.args
+        shape = (num_blocks, block_size, a.num_kv_heads, a.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=model.dtype, device=model.device),
+             torch.zeros(shape, dtype=model.dtype, device=model.device))
+            for _ in range(a.num_layers)
+        ]
+        self.sampler = Sampler(seed)
+        self.states: dict[str, RunnerRequestState] = {}
+
+    @staticmethod
+    def kv_bytes_per_token(model: LlamaModel) -> int:
+        """2 (K and V) x layers x kv_heads x head_dim x dtype bytes."""
+        a = model.args
+        return 2 * a.num_layers * a.num_kv_heads * a.head_dim * model.embed.element_size()
+
+    def _sync_states(self, out: SchedulerOutput) -> None:
+        for rid in out.finished_request_ids:
+            self.states.pop(rid, None)
+        for rid in out.preempted_request_ids:
+            self.states.pop(rid, None)
+        for new in out.new_requests:
+            self.states[new.request_id] = RunnerRequestState(
+                list(new.token_ids), new.num_prompt_tokens, list(new.block_ids), new.num_computed_tokens,
+                new.sampling_params, new.adapter)
+        for c in out.cached_requests:
+            st = self.states[c.request_id]
+            st.block_ids.extend(c.new_block_ids)
+            st.num_computed_tokens = c.num_computed_tokens
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        self._sync_states(out)
+        result = ModelRunnerOutput()
+        if out.is_empty:
+            return result
+        bs = self.block_size
+        sched = out.num_scheduled_tokens
+        decodes = sorted((rid for rid, n in sched.items() if n == 1),
+                         key=lambda rid: self.states[rid].num_computed_tokens)
+        prefills = [rid for rid, n in sched.items() if n > 1]
+        order = decodes + prefills
+
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logits_rows: list[int] = []
+        sampled: list[str] = []
+        chunks: list[tuple[int, int, int, list[int]]] = []
+        for rid in order:
+            st = self.states[rid]
+            n = sched[rid]
+            start = st.num_computed_tokens
+            row0 = len(input_ids)
+            input_ids.extend(st.token_ids[start : start + n])
+            pos = range(start, start + n)
+            positions.extend(pos)
+            table = st.block_ids
+            slots.extend(table[p // bs] * bs + p % bs for p in pos)
+            if n > 1:
+                chunks.append((row0, row0 + n, start, table[: -(-(start + n) // bs)]))
+            if start + n == len(st.token_ids):  # the chunk reaches the end: sample the next token
+                logits_rows.append(row0 + n - 1)
+                sampled.append(rid)
+
+        device = self.model.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+            block_size=bs,
+            decode_groups=build_decode_groups(
+                [self.states[r].num_computed_tokens + 1 for r in decodes],
+                [self.states[r].block_ids for r in decodes], bs, device),
+            prefills=[make_prefill_chunk(s, e, p, t, device) for s, e, p, t in chunks],
+        )
+        lora = None
+        if self.lora is not None:
+            lora = self.lora.prepare([(self.states[rid].adapter, sched[rid]) for rid in order], len(decodes))
+        logits = self.model.forward(
+            torch.tensor(input_ids, dtype=torch.long, device=device),
+            torch.tensor(positions, dtype=torch.long, device=device),
+            meta, self.kv_caches,
+            torch.tensor(logits_rows, dtype=torch.long, device=device),
+            lora=lora,
+        )
+        for rid in order:
+            self.states[rid].num_computed_tokens += sched[rid]
+        if not sampled:
+            return result
+        rows = []
+        for rid in sampled:
+            st = self.states[rid]
+            rows.append(SamplingRow(st.params, st.token_ids, st.num_prompt_tokens))
+        tokens, logprobs = self.sampler(logits.cpu(), rows)
+        for rid, tok, lp in zip(sampled, tokens, logprobs, strict=True):
+            self.states[rid].token_ids.append(tok)
+            result.sampled_token_ids[rid] = [tok]
+            if lp is not None:
+                result.logprobs[rid] = [lp]
+        return result

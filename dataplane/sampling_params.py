@@ -1,0 +1,63 @@
+"""Per-request sampling parameters, validated before anything is scheduled."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    n: int = 1  # completions per prompt; siblings share the prompt's KV blocks
+    max_tokens: int = 16  # new tokens at most
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0  # nucleus mass kept, in (0, 1]
+    top_k: int = 0  # keep the k most likely tokens; 0 or -1 disables
+    min_p: float = 0.0  # drop tokens below min_p * p(max)
+    seed: int | None = None  # makes this request reproducible whatever its batch mates
+    repetition_penalty: float = 1.0  # HF-style, over prompt and output tokens
+    presence_penalty: float = 0.0  # OpenAI-style, over output tokens
+    frequency_penalty: float = 0.0  # OpenAI-style, over output tokens
+    stop: list[str] = field(default_factory=list)  # stop strings (excluded from the text)
+    stop_token_ids: list[int] = field(default_factory=list)  # extra tokens that end the request
+    ignore_eos: bool = False  # keep going past EOS (benchmarks)
+    logprobs: int | None = None  # return the sampled token's logprob and this many alternatives
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [s for s in (self.stop or [])]
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n: must be an integer >= 1, got {self.n!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature: must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k: must be -1, 0 (disabled) or positive, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p: must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty: must be > 0, got {self.repetition_penalty}")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise ValueError(f"presence_penalty: must be in [-2, 2], got {self.presence_penalty}")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise ValueError(f"frequency_penalty: must be in [-2, 2], got {self.frequency_penalty}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError("stop: every stop sequence must be a non-empty string")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError(f"logprobs: must be between 0 and 20, got {self.logprobs}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise ValueError(f"seed: must be an integer, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def needs_penalties(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)

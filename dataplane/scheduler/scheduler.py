@@ -1,0 +1,279 @@
+"""Iteration-level scheduler: continuous batching, chunked prefill, priorities, preemption.
+
+No prefill or decode phases: each request has `num_computed_tokens` and `num_tokens`, and each
+step hands every scheduled request some of its remaining tokens under one token budget. A
+prompt longer than the budget is simply computed over several steps (chunked prefill), in the
+same forward pass as other requests' decodes. The scheduler alone owns the queues.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from dataplane.config import SchedulerConfig
+from dataplane.kv_cache.manager import KVCacheManager
+from dataplane.lora.fairness import AdapterAdmission
+from dataplane.request import Request, RequestStatus
+from dataplane.scheduler.output import (
+    CachedRequestData,
+    EngineCoreOutput,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+from dataplane.stats import SchedulerStats
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at its configured limit: the caller should back off and retry."""
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int,
+                 clock: Callable[[], float] = time.monotonic, max_loras: int | None = None) -> None:
+        self.config = config
+        self.max_loras = max_loras  # distinct LoRA adapters among running requests at most (None: LoRA off)
+        self._lora_retiring: set[str] = set()  # adapters draining to free a slot (dataplane/lora/fairness.py)
+        self.kv = kv
+        self.max_model_len = max_model_len
+        self.clock = clock
+        self.requests: dict[str, Request] = {}
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self._finished_since_schedule: set[str] = set()
+        self._seq = 0
+        self.num_preemptions = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+
+    # -- admission ---------------------------------------------------------------------------
+    def check_admissible(self, request: Request) -> None:
+        """Refuse, with a reason, what can never run; called before anything is queued."""
+        p = request.sampling_params
+        if request.num_prompt_tokens == 0:
+            raise ValueError("prompt: must contain at least one token")
+        total = request.num_prompt_tokens + p.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(
+                f"prompt: this model's maximum context length is {self.max_model_len} tokens, but "
+                f"{request.num_prompt_tokens} prompt tokens plus max_tokens={p.max_tokens} make {total}"
+            )
+        if self.kv.blocks_needed(total) > self.kv.num_blocks:
+            raise ValueError(
+                f"prompt: {total} tokens need {self.kv.blocks_needed(total)} KV blocks but the whole cache "
+                f"has {self.kv.num_blocks}; lower max_tokens or give the engine more kv_cache_memory"
+            )
+
+    def add_request(self, request: Request) -> None:
+        self.check_admissible(request)
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id: {request.request_id!r} is already running")
+        limit = self.config.max_waiting
+        if limit is not None and len(self.waiting) >= limit:
+            raise QueueFullError(f"{len(self.waiting)} requests are waiting (limit {limit})")
+        self._seq += 1
+        request.seq = self._seq
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+        """Abort or finish requests from outside a step; frees their blocks at once."""
+        done = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is None or req.status.finished:
+                continue
+            if req in self.waiting:
+                self.waiting.remove(req)
+            if req in self.running:
+                self.running.remove(req)
+            self._finish(req, status)
+            done.append(req)
+        return done
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step ----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        now = self.clock()
+        aging = self.config.aging_seconds
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+
+        def rank(r: Request) -> tuple[int, int]:
+            return (r.effective_priority(now, aging), r.seq)
+
+        self.running.sort(key=rank)
+        for req in list(self.running):
+            if budget == 0:
+                break
+            if req.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            n = self._chunk(req.num_tokens - req.num_computed_tokens, budget)
+            new = self.kv.allocate_slots(req, n)
+            while new is None:
+                # Out of blocks: recompute-preempt the lowest-priority, latest request not yet
+                # scheduled this step (it may be this one).
+                victim = next(r for r in reversed(self.running) if r.request_id not in out.num_scheduled_tokens)
+                self._preempt(victim, out)
+                if victim is req:
+                    break
+                new = self.kv.allocate_slots(req, n)
+            if new is None:
+                break
+            out.cached_requests.append(CachedRequestData(req.request_id, [b.block_id for b in new],
+                                                         req.num_computed_tokens))
+            out.num_scheduled_tokens[req.request_id] = n
+            budget -= n
+
+        if not out.preempted_request_ids:
+            budget = self._admit_waiting(out, budget, now, rank)
+
+        out.total_num_scheduled_tokens = self.config.max_num_batched_tokens - budget
+        out.finished_request_ids = self._finished_since_schedule
+        self._finished_since_schedule = set()
+        return out
+
+    def _chunk(self, remaining: int, budget: int) -> int:
+        n = min(remaining, budget)
+        cap = self.config.long_prefill_token_threshold
+        return min(n, cap) if cap else n
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float, rank) -> int:  # noqa: ANN001
+        self.waiting.sort(key=rank)
+        loras = None if self.max_loras is None else AdapterAdmission(self.max_loras, self.running, self._lora_retiring,
+                                                                     self.waiting)
+        i = 0
+        while i < len(self.waiting) and budget > 0:
+            req = self.waiting[i]
+            leader = req.wait_for
+            if leader is not None and not leader.status.finished and leader.num_computed_tokens < leader.num_prompt_tokens:
+                i += 1  # an n>1 sibling waits for the leader's prompt blocks, then shares them
+                continue
+            if loras is not None and not loras.admits(req.adapter):
+                i += 1  # its adapter has no slot this step; requests of running adapters may go ahead
+                continue
+            if len(self.running) >= self.config.max_num_seqs and not self._preempt_for(req, out, now):
+                break
+            hits, num_hit = self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else ([], 0)
+            n = self._chunk(req.num_tokens - num_hit, budget)
+            new = self.kv.allocate_slots(req, n, hits)
+            while new is None and self._preempt_for(req, out, now):
+                budget = self.config.max_num_batched_tokens - sum(out.num_scheduled_tokens.values())
+                n = self._chunk(req.num_tokens - num_hit, budget)
+                new = self.kv.allocate_slots(req, n, hits)
+            if new is None:
+                break  # strict order within priority: later requests do not jump ahead
+            if loras is not None and out.preempted_request_ids:
+                loras.refresh(self.running)  # preemptions may have emptied adapters' slots (never filled one)
+            self.waiting.pop(i)
+            self.kv.record_prefix_query(req.num_tokens, num_hit)
+            req.num_computed_tokens = num_hit
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit
+            req.status = RequestStatus.RUNNING
+            if req.times.first_scheduled is None:
+                req.times.first_scheduled = now
+            self.running.append(req)
+            if loras is not None:
+                loras.admitted(req.adapter)
+            out.new_requests.append(NewRequestData(
+                request_id=req.request_id, token_ids=list(req.all_token_ids),
+                num_prompt_tokens=req.num_prompt_tokens, block_ids=self.kv.block_ids(req.request_id),
+                num_computed_tokens=num_hit, sampling_params=req.sampling_params, adapter=req.adapter))
+            out.num_scheduled_tokens[req.request_id] = n
+            budget -= n
+        return budget
+
+    def _preempt_for(self, req: Request, out: SchedulerOutput, now: float) -> bool:
+        """Make room for `req` by preempting a strictly lower-priority running request, if any."""
+        aging = self.config.aging_seconds
+        if not self.running:
+            return False
+        victim = max(self.running, key=lambda r: (r.effective_priority(now, aging), r.seq))
+        if victim.effective_priority(now, aging) <= req.effective_priority(now, aging):
+            return False
+        self._preempt(victim, out)
+        return True
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self.kv.free(req)
+        self.running.remove(req)
+        if out.num_scheduled_tokens.pop(req.request_id, None) is not None:
+            out.cached_requests = [c for c in out.cached_requests if c.request_id != req.request_id]
+            out.new_requests = [c for c in out.new_requests if c.request_id != req.request_id]
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.status = RequestStatus.PREEMPTED
+        self.num_preemptions += 1
+        self.waiting.append(req)
+        out.preempted_request_ids.append(req.request_id)
+
+    def update(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """Advance scheduled requests by what the runner computed; finish those that are done."""
+        now = self.clock()
+        outputs: list[EngineCoreOutput] = []
+        for rid, n in out.num_scheduled_tokens.items():
+            req = self.requests.get(rid)
+            if req is None or req.status != RequestStatus.RUNNING:
+                continue
+            if rid in result.failed_request_ids:
+                self.running.remove(req)
+                self._finish(req, RequestStatus.FINISHED_ERROR, forget=True)
+                outputs.append(EngineCoreOutput(rid, [], None, "error", error=result.failed_request_ids[rid]))
+                continue
+            self.prompt_tokens += max(0, min(req.num_computed_tokens + n, req.num_prompt_tokens)
+                                      - req.num_computed_tokens)
+            req.num_computed_tokens += n
+            new_tokens = result.sampled_token_ids.get(rid)
+            if not new_tokens:
+                continue  # mid-prefill chunk
+            status = None
+            accepted = []
+            for tok in new_tokens:
+                req.append_output_token(tok)
+                accepted.append(tok)
+                status = self._stop_status(req, tok)
+                if status is not None:
+                    break
+            self.generation_tokens += len(accepted)
+            if req.times.first_token is None:
+                req.times.first_token = now
+            req.times.last_token = now
+            logprobs = result.logprobs.get(rid)
+            if status is not None:
+                self.running.remove(req)
+                self._finish(req, status)
+            outputs.append(EngineCoreOutput(
+                rid, accepted, logprobs[: len(accepted)] if logprobs else None,
+                status.finish_reason if status else None, req.stop_reason, max(req.num_cached_tokens, 0)))
+        return outputs
+
+    def _stop_status(self, req: Request, token: int) -> RequestStatus | None:
+        p = req.sampling_params
+        if not p.ignore_eos and token in req.eos_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if token in p.stop_token_ids:
+            req.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
+        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _finish(self, req: Request, status: RequestStatus, forget: bool = False) -> None:
+        req.status = status
+        req.times.finished = self.clock()
+        self.kv.free(req, forget=forget)
+        self.requests.pop(req.request_id, None)
+        self._finished_since_schedule.add(req.request_id)
+
+    def stats(self) -> SchedulerStats:
+        pool = self.kv.pool
+        return SchedulerStats(
+            num_running=len(self.running), num_waiting=len(self.waiting), kv_cache_usage=pool.usage(),
+            prefix_cache_queries=pool.queries, prefix_cache_hits=pool.hits,
+            num_preemptions=self.num_preemptions, prompt_tokens=self.prompt_tokens,
+            generation_tokens=self.generation_tokens, num_blocks=pool.num_blocks, num_free_blocks=pool.num_free)

@@ -1,0 +1,19 @@
+"""Engine statistics: a snapshot the worker turns into Prometheus metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_running: int  # requests holding KV blocks
+    num_waiting: int  # queued, including preempted ones
+    kv_cache_usage: float  # fraction of blocks in use, 0..1
+    prefix_cache_queries: int  # cumulative tokens looked up in the prefix cache
+    prefix_cache_hits: int  # cumulative tokens found
+    num_preemptions: int  # cumulative
+    prompt_tokens: int  # cumulative prompt tokens computed (cache hits excluded)
+    generation_tokens: int  # cumulative tokens sampled
+    num_blocks: int  # KV blocks in the pool
+    num_free_blocks: int  # blocks neither in use nor held by a live request

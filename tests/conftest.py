@@ -1,0 +1,63 @@
+"""Suite-wide fixtures: which real services are reachable, and whether a missing one skips or fails.
+
+`make test` skips only the tests whose service is missing and says so; CI sets
+TESSERA_REQUIRE_SERVICES=1 so a missing service fails instead of skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+SERVICES = {
+    "postgres": ("127.0.0.1", 5432),
+    "redis": ("127.0.0.1", 6379),
+    "rabbitmq": ("127.0.0.1", 5672),
+}
+
+
+def service_up(name: str) -> bool:
+    host, port = SERVICES[name]
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def require_service(name: str) -> None:
+    """Skip (locally) or fail (CI) the calling test when `name` does not answer."""
+    if service_up(name):
+        return
+    message = f"{name} is not reachable on {SERVICES[name][0]}:{SERVICES[name][1]}"
+    if os.environ.get("TESSERA_REQUIRE_SERVICES") == "1":
+        pytest.fail(message + " and TESSERA_REQUIRE_SERVICES=1", pytrace=False)
+    pytest.skip(message)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for name in SERVICES:
+        if item.get_closest_marker(name) is not None:
+            require_service(name)
+
+
+# --- Django (control plane) -------------------------------------------------------------------
+# Settings for every test run; pytest-django finishes the set-up in its own (trylast) configure.
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings.test")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        from django.conf import settings
+
+        settings.INSTALLED_APPS  # noqa: B018  (loads the settings so pytest-django sets Django up)
+    except ImportError:
+        pass
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """A Redis URL for limiter tests (the test must be marked `redis`)."""
+    return os.environ.get("TESSERA_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
