@@ -1,0 +1,394 @@
+"""Serving benchmark: a load generator over HTTP against a worker, and the HTTP path's overhead.
+
+    python -m benchmarks.serve [--rates 1,2,4] [--requests 16] [--url http://127.0.0.1:8100] [--no-compare]
+
+Rate sweep: Poisson arrivals at each rate, streaming `/v1/completions` (async: a minimal HTTP/1.1
+client by default, `--client httpx` for httpx). Prompts and output lengths are drawn once with a
+fixed seed from log-normal distributions shaped like chat traffic (long right tails), scaled to a
+2-core CPU: prompt median 160 tokens (16..1024), output median 48
+(8..192). Outputs run to their drawn length (`ignore_eos`), so every run does the same work.
+Reports output-token throughput, TTFT / ITL / end-to-end percentiles and errors.
+
+HTTP overhead: the same requests at 32 concurrent streams, through HTTP to the worker process and
+directly through an in-process AsyncLLM with the same settings, alternated in ABBA order (HTTP,
+direct, direct, HTTP, ...) so drift on a shared machine hits both alike. The load generator runs on the same
+machine as the worker, so its own parsing is part of the HTTP path's cost here.
+
+Without --url the script starts a worker (`python -m dataplane.worker`) on a free port and stops it.
+Results: benchmarks/results/serve.json and serve.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import math
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import orjson
+
+from benchmarks.common import environment, fmt, percentile, write_results
+from benchmarks.engine import make_prompt
+
+MODEL = "smollm2-135m-instruct"
+ENGINE = {"dtype": "bfloat16", "kv_cache_memory": "512MiB", "max_num_seqs": 64, "max_num_batched_tokens": 512}
+
+
+@dataclass
+class Req:
+    prompt: str
+    max_tokens: int
+
+
+@dataclass
+class Result:
+    start: float
+    end: float = 0.0
+    times: list[float] = field(default_factory=list)  # arrival of each chunk that carried text
+    tokens: int = 0
+    error: str | None = None
+
+
+def lognormal(rng: random.Random, median: float, sigma: float, lo: int, hi: int) -> int:
+    return max(lo, min(hi, int(round(math.exp(rng.gauss(math.log(median), sigma))))))
+
+
+def workload(tokenizer, n: int, seed: int) -> list[Req]:
+    rng = random.Random(seed)
+    reqs = []
+    for _ in range(n):
+        ids = make_prompt(rng, tokenizer, lognormal(rng, 160, 0.9, 16, 1024))
+        reqs.append(Req(tokenizer.decode(ids), lognormal(rng, 48, 0.7, 8, 192)))
+    return reqs
+
+
+# -- one request, two paths ------------------------------------------------------------------------
+def request_body(req: Req) -> bytes:
+    return orjson.dumps({"model": MODEL, "prompt": req.prompt, "max_tokens": req.max_tokens, "ignore_eos": True,
+                         "temperature": 0, "stream": True, "stream_options": {"include_usage": True}})
+
+
+def record(res: Result, payload: bytes, now: float) -> None:
+    """One SSE `data:` payload: a token chunk, the usage chunk, an in-band error or [DONE]."""
+    if payload.startswith(b'{"error"'):
+        res.error = "in-band error"
+    elif b'"choices":[]' in payload:
+        res.tokens = orjson.loads(payload)["usage"]["completion_tokens"]
+    elif payload != b"[DONE]" and b'"text":""' not in payload:
+        res.times.append(now)
+
+
+async def via_raw(url: str, headers: dict[str, str], req: Req) -> Result:
+    """A minimal HTTP/1.1 client: one connection per request, chunked SSE read by hand. httpx spends
+    ~90 us of CPU per streamed token, this ~35 us; on a 2-core machine whatever the load generator
+    uses is taken from the engine, so this is the default."""
+    res = Result(time.perf_counter())
+    host, port = url.removeprefix("http://").rstrip("/").split(":")
+    body = request_body(req)
+    extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
+    try:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: %b\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n%b\r\n" % (host.encode(), len(body), extra) + body)
+        head = await reader.readuntil(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        if status != 200:
+            res.error = f"HTTP {status}"
+        else:
+            buf = b""
+            while size := int((await reader.readuntil(b"\r\n"))[:-2], 16):  # chunked framing; 0 ends
+                buf += (await reader.readexactly(size + 2))[:-2]
+                now = time.perf_counter()
+                *events, buf = buf.split(b"\n\n")
+                for event in events:
+                    if event.startswith(b"data: "):
+                        record(res, event[6:], now)
+        writer.close()
+    except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
+        res.error = type(exc).__name__
+    res.end = time.perf_counter()
+    return res
+
+
+async def via_httpx(client: httpx.AsyncClient, url: str, req: Req) -> Result:
+    res = Result(time.perf_counter())
+    try:
+        async with client.stream("POST", url + "/v1/completions", content=request_body(req),
+                                 headers={"Content-Type": "application/json"}) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}"
+                await r.aread()
+            else:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: "):
+                        record(res, line[6:].encode(), time.perf_counter())
+    except httpx.HTTPError as exc:
+        res.error = type(exc).__name__
+    res.end = time.perf_counter()
+    return res
+
+
+async def direct(engine, req: Req) -> Result:
+    from dataplane.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=req.max_tokens, ignore_eos=True, temperature=0)
+    res = Result(time.perf_counter())
+    async for delta in engine.generate(req.prompt, params):
+        for out in delta.outputs:
+            res.tokens += len(out.token_ids)
+            if out.text:
+                res.times.append(time.perf_counter())
+    res.end = time.perf_counter()
+    return res
+
+
+# -- arrival patterns --------------------------------------------------------------------------------
+async def poisson(one, reqs: list[Req], rate: float, seed: int) -> list[Result]:
+    rng = random.Random(seed)
+    tasks, t = [], time.perf_counter()
+    for req in reqs:
+        t += rng.expovariate(rate)
+        await asyncio.sleep(max(0.0, t - time.perf_counter()))
+        tasks.append(asyncio.create_task(one(req)))
+    return await asyncio.gather(*tasks)
+
+
+async def closed_loop(one, reqs: list[Req], concurrency: int) -> list[Result]:
+    slots = asyncio.Semaphore(concurrency)
+
+    async def run(req: Req) -> Result:
+        async with slots:
+            return await one(req)
+
+    return await asyncio.gather(*(run(r) for r in reqs))
+
+
+def process_cpu(pid: int | None) -> float:
+    """CPU seconds used so far by a process (user + system), this one when pid is None."""
+    if pid is None:
+        return time.process_time()
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measured(pattern, pids: list[int | None]) -> tuple[list[Result], list[float]]:
+    """Run a load pattern; also return the CPU seconds each given process spent on it."""
+    before = [process_cpu(p) for p in pids]
+    results = await pattern
+    return results, [process_cpu(p) - b for p, b in zip(pids, before, strict=True)]
+
+
+def summarize(label: str, results: list[Result], cpu_s: list[float] | None = None, **extra) -> dict:
+    ok = [r for r in results if r.error is None]
+    duration = max(r.end for r in results) - min(r.start for r in results)
+    ttft = [(r.times[0] - r.start) * 1000 for r in ok if r.times]
+    itl = [(b - a) * 1000 for r in ok for a, b in zip(r.times, r.times[1:], strict=False)]
+    e2e = [(r.end - r.start) * 1000 for r in ok]
+    tokens = sum(r.tokens for r in ok)
+    errors: dict[str, int] = {}
+    for r in results:
+        if r.error is not None:
+            errors[r.error] = errors.get(r.error, 0) + 1
+    out = {"label": label, **extra, "requests": len(results), "errors": errors, "duration_s": duration,
+           "output_tokens": tokens, "tokens_per_s": tokens / duration, "requests_per_s": len(ok) / duration,
+           # [serving process, load generator] CPU milliseconds per output token
+           "cpu_ms_per_token": None if cpu_s is None or not tokens else [1000 * c / tokens for c in cpu_s]}
+    for name, values in (("ttft_ms", ttft), ("itl_ms", itl), ("e2e_ms", e2e)):
+        out[name] = {f"p{q}": percentile(values, q) for q in (50, 95, 99)}
+    print(f"  {label}: {out['tokens_per_s']:.0f} tok/s, TTFT p50 {fmt(out['ttft_ms']['p50'], 0)} ms, "
+          f"ITL p50 {fmt(out['itl_ms']['p50'], 0)} ms, errors {sum(errors.values())}", flush=True)
+    return out
+
+
+# -- the worker process ------------------------------------------------------------------------------
+def start_worker(command: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+    """Start a worker (by default `python -m dataplane.worker` with ENGINE's settings) on a free port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    if command is None:
+        command = [sys.executable, "-m", "dataplane.worker", "--model", MODEL, "--log-level", "warning",
+                   *(f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items())]
+    env = {k: v for k, v in os.environ.items() if k != "TESSERA_WORKER_TOKEN"}
+    proc = subprocess.Popen([*command, "--port", str(port)], env=env)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_ready(url: str, proc: subprocess.Popen | None, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"the worker exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/ready", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise SystemExit(f"the worker at {url} was not ready after {timeout:.0f} s")
+
+
+async def run(args) -> dict:
+    from dataplane.models.loader import load_model  # noqa: F401  (imports torch before timing anything)
+    from dataplane.models.registry import resolve_model_path
+    from dataplane.models.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_gguf(resolve_model_path(MODEL), ())
+    proc, url = (None, args.url) if args.url else start_worker()
+    engine = None
+    try:
+        if not args.no_compare:  # loads while the worker loads
+            from dataplane.engine.async_llm import AsyncLLM
+
+            engine = await asyncio.to_thread(AsyncLLM.from_args, MODEL, progress=False, **ENGINE)
+            gc.collect()
+            gc.freeze()  # as the worker does once its model is attached
+        wait_ready(url, proc)
+        token = os.environ.get("TESSERA_WORKER_TOKEN") if args.url else None
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+        async with httpx.AsyncClient(timeout=None, limits=limits, headers=headers, trust_env=False) as client:
+            if args.client == "httpx":
+                http_one = lambda req: via_httpx(client, url, req)  # noqa: E731
+            else:
+                http_one = lambda req: via_raw(url, headers, req)  # noqa: E731
+            warm = workload(tokenizer, args.concurrency, 99)  # the batch shapes of the runs that follow
+            await closed_loop(http_one, warm, args.concurrency)
+            rates = []
+            print("rate sweep (Poisson arrivals, HTTP)", flush=True)
+            for i, rate in enumerate([] if args.skip_rates else args.rates):
+                reqs = workload(tokenizer, args.requests, args.seed + i)
+                res, cpu = await measured(poisson(http_one, reqs, rate, args.seed + i),
+                                          [proc.pid, None] if proc else [None])
+                rates.append(summarize(f"{rate:g} req/s", res, cpu if proc else None, rate=rate))
+            compare = None
+            if engine is not None:
+                print(f"HTTP vs in-process at {args.concurrency} concurrent streams", flush=True)
+                await closed_loop(lambda r: direct(engine, r), warm, args.concurrency)
+                reqs = workload(tokenizer, args.compare_requests, args.seed + 100)
+                runs = []
+                for rep in range(args.repeats):
+                    # ABBA order (http, direct, direct, http, ...) so neither path always runs first.
+                    for path in ("http", "direct") if rep % 2 == 0 else ("direct", "http"):
+                        if path == "http":  # CPU: the worker, then this process (the load generator)
+                            res, cpu = await measured(closed_loop(http_one, reqs, args.concurrency),
+                                                      [proc.pid, None] if proc else [None])
+                            cpu = cpu if proc else None
+                        else:
+                            res, cpu = await measured(closed_loop(lambda r: direct(engine, r), reqs,
+                                                                  args.concurrency), [None])
+                        runs.append(summarize(f"{path} #{rep + 1}", res, cpu, path=path))
+                compare = comparison(runs, args)
+                print(f"  median loss over pairs {compare['throughput_loss_pct']:.1f}%", flush=True)
+    finally:
+        if engine is not None:
+            engine.shutdown()
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+    http_cost = None
+    if not args.no_compare:
+        from benchmarks.serve_http_cost import measure as measure_http_cost
+
+        print("HTTP path CPU per token (scripted engine, no model)", flush=True)
+        http_cost = await measure_http_cost(args.concurrency, 200)
+        direct_ms = [r["cpu_ms_per_token"][0] for r in compare["runs"] if r["path"] == "direct"]
+        http_cost["engine_us_per_token"] = 1000 * statistics.fmean(direct_ms)
+        c = http_cost[args.client]
+        http_cost["share_of_engine_pct"] = 100 * (c["worker_us_per_token"] + c["client_us_per_token"]) / \
+            http_cost["engine_us_per_token"]
+    return {"environment": environment(), "model": MODEL, "engine": ENGINE, "seed": args.seed, "client": args.client,
+            "workload": "prompt lognormal median 160 (16..1024), output lognormal median 48 (8..192), ignore_eos",
+            "rates": rates, "compare": compare, "http_cost": http_cost}
+
+
+def comparison(runs: list[dict], args) -> dict:
+    http = [r for r in runs if r["path"] == "http"]
+    direct = [r for r in runs if r["path"] == "direct"]
+    pairs = [100 * (1 - h["tokens_per_s"] / d["tokens_per_s"]) for h, d in zip(http, direct, strict=True)]
+    http_tps = sum(r["tokens_per_s"] for r in http) / len(http)
+    direct_tps = sum(r["tokens_per_s"] for r in direct) / len(direct)
+    return {"concurrency": args.concurrency, "requests": args.compare_requests, "runs": runs,
+            "http_tokens_per_s": http_tps, "direct_tokens_per_s": direct_tps,
+            "mean_loss_pct": 100 * (1 - http_tps / direct_tps),
+            # Each HTTP run against the direct run next to it, so that load from other users drifts
+            # out; the median of those is the headline figure.
+            "pairwise_loss_pct": pairs,
+            "throughput_loss_pct": statistics.median(pairs),
+            # CPU per output token, everything included (worker + load generator for HTTP): far less
+            # sensitive than wall-clock throughput to what other users run on the machine.
+            "cpu_overhead_pct": None if http[0]["cpu_ms_per_token"] is None else 100 * (
+                statistics.fmean(sum(r["cpu_ms_per_token"]) for r in http)
+                / statistics.fmean(sum(r["cpu_ms_per_token"]) for r in direct) - 1)}
+
+
+def cpu_cell(cpu: list[float] | None) -> str:
+    return "–" if cpu is None else " + ".join(f"{c:.2f}" for c in cpu)
+
+
+def table(data: dict) -> str:
+    lines = ["| load | req | tok/s | req/s | TTFT p50 / p95 / p99 ms | ITL p50 / p95 / p99 ms | e2e p50 ms | errors "
+             "| CPU ms/token: server + client |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = list(data["rates"]) + (data["compare"]["runs"] if data["compare"] else [])
+    for r in rows:
+        t, i = r["ttft_ms"], r["itl_ms"]
+        lines.append(f"| {r['label']} | {r['requests']} | {r['tokens_per_s']:.0f} | {r['requests_per_s']:.2f} | "
+                     f"{fmt(t['p50'], 0)} / {fmt(t['p95'], 0)} / {fmt(t['p99'], 0)} | "
+                     f"{fmt(i['p50'], 0)} / {fmt(i['p95'], 0)} / {fmt(i['p99'], 0)} | {fmt(r['e2e_ms']['p50'], 0)} | "
+                     f"{sum(r['errors'].values())} | {cpu_cell(r['cpu_ms_per_token'])} |")
+    c = data["compare"]
+    if c:
+        lines += ["", f"HTTP path vs in-process AsyncLLM at {c['concurrency']} concurrent streams, {c['requests']} "
+                      f"requests per run, runs alternated: **{c['throughput_loss_pct']:.1f}% throughput loss** "
+                      "(median over pairs; target < 10%); per pair "
+                      + ", ".join(f"{x:.1f}%" for x in c["pairwise_loss_pct"])
+                      + f"; mean of runs {c['http_tokens_per_s']:.0f} vs {c['direct_tokens_per_s']:.0f} output tok/s "
+                      f"({c['mean_loss_pct']:.1f}%). CPU per output token, worker + load generator for HTTP vs the "
+                      f"one process for direct: {fmt(c['cpu_overhead_pct'])}% more for HTTP."]
+    h = data.get("http_cost")
+    if h:
+        r, x = h[data["client"]], h["httpx"]
+        lines += ["", f"HTTP path CPU per streamed token ({h['streams']} streams, scripted engine): worker "
+                      f"{r['worker_us_per_token']:.0f} us + load generator {r['client_us_per_token']:.0f} us "
+                      f"(httpx client: {x['client_us_per_token']:.0f} us), against {h['engine_us_per_token']:.0f} us "
+                      f"of engine CPU per token in the direct runs: **{h['share_of_engine_pct']:.1f}%**."]
+    env = data["environment"]
+    lines += ["", f"{data['model']}, {data['engine']}, torch {env['torch']}, {env['threads']} threads, {env['when']}. "
+                  f"Workload: {data['workload']}."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 2.0, 4.0],
+                   help="Poisson arrival rates, requests per second (default 1,2,4)")
+    p.add_argument("--requests", type=int, default=16, help="requests per rate")
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--compare-requests", type=int, default=48)
+    p.add_argument("--repeats", type=int, default=4, help="alternated runs per path in the comparison")
+    p.add_argument("--skip-rates", action="store_true", help="only the HTTP-vs-in-process comparison")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--url", help="an already running worker (else one is started)")
+    p.add_argument("--no-compare", action="store_true", help="skip the in-process comparison")
+    p.add_argument("--client", choices=("raw", "httpx"), default="raw",
+                   help="HTTP client of the load generator (raw: a minimal asyncio one, lighter on the CPU)")
+    args = p.parse_args()
+    data = asyncio.run(run(args))
+    jpath, mpath = write_results("serve", data, table(data))
+    print(table(data))
+    print(f"wrote {jpath} and {mpath}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from dataplane.worker.server import main
+
+raise SystemExit(main())

@@ -1,0 +1,313 @@
+"""The one engine this worker process serves, as the control plane assigned it (a deferred load).
+
+The worker starts idle: `/health` answers, `/ready` says 503, and nothing loads until a
+`load_model` task arrives. Loading builds a fresh `AsyncLLM` off the event loop (in the task's
+thread), runs the quality gate for quantized replicas, then swaps it into the `WorkerState` on
+the event loop's thread, so requests see either the old engine or the new one, never half of one.
+Unloading first takes the engine out of the state (new requests get 503 and the gateway tries
+another worker), lets in-flight requests finish (up to the grace period), then shuts it down.
+
+Idempotency: a load for the replica (uid) whose engine is already serving with the same spec
+loads nothing; it only adopts the newer attempt number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from dataplane.worker.app import WorkerState
+from dataplane.worker.metrics import WorkerMetrics
+
+log = logging.getLogger("tessera.worker.agent")
+
+# Errors that say the spec cannot work (bad source, bad settings): retrying the same spec cannot help.
+PERMANENT_ERRORS = (ValueError, TypeError, KeyError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+                    PermissionError, ImportError)
+MODEL_CONFIG = ("dtype", "device", "max_model_len", "seed")
+CACHE_CONFIG = ("block_size", "kv_cache_memory", "enable_prefix_caching")
+SCHEDULER_CONFIG = ("max_num_seqs", "max_num_batched_tokens", "max_waiting")
+
+
+class LoadError(Exception):
+    def __init__(self, reason: str, *, permanent: bool, gate: dict | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.permanent, self.gate = reason, permanent, gate
+
+
+@dataclass(slots=True)
+class Loaded:
+    replica_uid: str
+    attempt: int
+    served_name: str
+    source: str
+    fingerprint: str
+    load_seconds: float
+    gate: dict | None
+
+
+def fingerprint(spec: dict) -> str:
+    """What the engine was built from: a load with the same fingerprint for the same replica is a no-op."""
+    keys = {k: spec.get(k) for k in ("served_name", "engine_quantization", "engine_args", "max_adapters")}
+    keys["source"] = spec["model"]["source"]
+    return json.dumps(keys, sort_keys=True, default=str)
+
+
+class EngineSlot:
+    def __init__(self, state: WorkerState, *, unload_grace_seconds: float = 30.0,
+                 model_cache: Path | None = None) -> None:
+        self.state = state
+        self.unload_grace_seconds = unload_grace_seconds
+        self.model_cache = model_cache or Path("~/.cache/tessera/models").expanduser()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.lock = threading.Lock()
+        self.loaded: Loaded | None = None
+        self.loading: dict | None = None  # {"replica_uid", "attempt", "since"} while a load runs
+        self.counters = {"engine_builds": 0, "engine_shutdowns": 0, "load_failures": 0, "adapter_loads": 0,
+                         "adapter_unloads": 0}
+        self._adapters: set[str] = set()
+
+    # --- what the heartbeat reports ---------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        loading, loaded, engine = self.loading, self.loaded, self.state.engine
+        if loading is not None:
+            return {"state": "loading", "replica_uid": loading["replica_uid"], "attempt": loading["attempt"]}
+        if loaded is None:
+            return {"state": "idle"}
+        alive = engine is not None and engine.is_alive()
+        snap = {"state": "ready" if alive else "dead", "replica_uid": loaded.replica_uid, "attempt": loaded.attempt,
+                "served_name": loaded.served_name, "load_seconds": loaded.load_seconds, "gate": loaded.gate}
+        if not alive:
+            snap["error"] = repr(getattr(engine, "_error", None))
+        return snap
+
+    def adapters(self) -> list[str]:
+        """The adapters this agent loaded (in a managed worker nothing else adds any)."""
+        return sorted(self._adapters)
+
+    # --- model ------------------------------------------------------------------------------------
+    def ensure_model(self, spec: dict) -> str:
+        """Make this worker serve `spec` -> "loaded" | "already-loaded"; LoadError when it cannot."""
+        fp = fingerprint(spec)
+        with self.lock:
+            loaded, engine = self.loaded, self.state.engine
+            if (loaded is not None and loaded.replica_uid == spec["uid"] and loaded.fingerprint == fp
+                    and engine is not None and engine.is_alive()):
+                loaded.attempt = spec["attempt"]
+                return "already-loaded"
+            self.loading = {"replica_uid": spec["uid"], "attempt": spec["attempt"], "since": time.time()}
+            try:
+                self._unload_locked()
+                started = time.monotonic()
+                source = self.resolve_source(spec["model"]["source"])
+                gate = self.quality_gate(spec, source)
+                engine = self._build(source, spec)
+                self._call_on_loop(self._attach, engine, source, spec["served_name"])
+                self.loaded = Loaded(spec["uid"], spec["attempt"], spec["served_name"], source, fp,
+                                     round(time.monotonic() - started, 3), gate)
+                log.info("model loaded", extra={"replica_uid": spec["uid"], "served_name": spec["served_name"],
+                                                "source": source, "seconds": self.loaded.load_seconds})
+                return "loaded"
+            except LoadError:
+                self.counters["load_failures"] += 1
+                raise
+            finally:
+                self.loading = None
+
+    def unload(self, replica_uid: str | None = None) -> bool:
+        """Unload the engine (only if it serves `replica_uid`, when given) -> whether anything was unloaded."""
+        with self.lock:
+            if self.loaded is None or (replica_uid is not None and self.loaded.replica_uid != replica_uid):
+                return False
+            self._unload_locked()
+            return True
+
+    def _unload_locked(self) -> None:
+        engine = self._call_on_loop(self._detach)
+        self.loaded = None
+        self._adapters.clear()
+        if engine is None:
+            return
+        deadline = time.monotonic() + self.unload_grace_seconds
+        while self.state.drainer.inflight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        engine.shutdown()
+        self.counters["engine_shutdowns"] += 1
+        # Requests still streaming after the grace period end now rather than wait forever.
+        from dataplane.engine.async_llm import EngineDeadError
+
+        for rid in list(getattr(engine, "_streams", {})):
+            engine._deliver(rid, EngineDeadError("the model was unloaded"))
+        log.info("model unloaded")
+
+    def resolve_source(self, source: str) -> str:
+        """A package alias or local path, checked now so that a bad one fails with a clear reason."""
+        parsed = urlparse(source)
+        if parsed.scheme == "file":
+            source = parsed.path
+        elif parsed.scheme and len(parsed.scheme) > 1:
+            cached = self.model_cache / parsed.scheme / parsed.netloc / parsed.path.lstrip("/")
+            if not cached.exists():
+                raise LoadError(f"model source {source!r}: not in this worker's model cache ({cached}); the worker "
+                                "does not download models: sync the object there first", permanent=True)
+            source = str(cached)
+        from dataplane.models.registry import resolve_model_path
+
+        try:
+            resolve_model_path(source)
+        except ValueError as exc:
+            raise LoadError(f"model source {source!r} cannot be loaded here: {exc}", permanent=True) from None
+        return source
+
+    def quality_gate(self, spec: dict, source: str) -> dict | None:
+        """Quantized replicas serve only after dataplane.quant.gate passes them (when that module exists)."""
+        method = spec.get("engine_quantization")
+        if not method:
+            return None
+        try:
+            from dataplane.quant.gate import quality_gate
+        except ImportError:
+            log.warning("quality gate unavailable; the quantized replica serves unchecked", extra={"method": method})
+            return {"skipped": True, "reason": "dataplane.quant.gate is not available in this build"}
+        baseline = spec["model"]["base_source"]
+        kwargs = {}
+        if source == baseline and "quantization" in inspect.signature(quality_gate).parameters:
+            kwargs["quantization"] = method  # a dense checkpoint quantized at load (fp8)
+        try:
+            report = quality_gate(source, baseline, method, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a gate that cannot run does not pass
+            raise LoadError(f"quality gate for {method} could not run: {exc!r}", permanent=True) from exc
+        result = {"passed": bool(report.passed), "reason": str(getattr(report, "reason", ""))}
+        if not report.passed:
+            raise LoadError(f"quality gate failed for {method}: {result['reason']}", permanent=True, gate=result)
+        return result
+
+    def _build(self, source: str, spec: dict):
+        from dataplane.config import CacheConfig, ModelConfig, SchedulerConfig
+        from dataplane.engine.async_llm import AsyncLLM
+
+        args = {**self.state.config.engine_kwargs(), **(spec.get("engine_args") or {})}
+        args.pop("progress", None)
+        extra: dict[str, Any] = {}
+        self.counters["engine_builds"] += 1
+        try:
+            if spec.get("max_adapters"):
+                extra["lora_config"] = self._lora_config(spec, args)
+            model = ModelConfig(model=source, quantization=spec.get("engine_quantization"),
+                                **{k: args[k] for k in MODEL_CONFIG if k in args})
+            cache = CacheConfig(**{k: args[k] for k in CACHE_CONFIG if k in args})
+            scheduler = SchedulerConfig(**{k: args[k] for k in SCHEDULER_CONFIG if k in args})
+            return AsyncLLM(model, cache, scheduler, progress=False, **extra)
+        except LoadError:
+            raise
+        except PERMANENT_ERRORS as exc:
+            raise LoadError(f"cannot load {source!r}: {exc}", permanent=True) from exc
+        except Exception as exc:  # noqa: BLE001 - out of memory, a driver error...: worth another attempt
+            raise LoadError(f"loading {source!r} failed: {exc!r}", permanent=False) from exc
+
+    @staticmethod
+    def _lora_config(spec: dict, args: dict):
+        from dataplane.engine.async_llm import AsyncLLM
+
+        if "lora_config" not in inspect.signature(AsyncLLM.__init__).parameters:
+            raise LoadError("this engine build serves no LoRA adapters (AsyncLLM takes no lora_config); deploy "
+                            "with max_adapters=0", permanent=True)
+        from dataplane.config import LoRAConfig
+
+        slots = int(spec["max_adapters"])
+        return LoRAConfig(max_loras=min(int(args.get("max_loras", 4)), slots), max_cpu_loras=slots,
+                          max_lora_rank=int(args.get("max_lora_rank", 16)))
+
+    # --- adapters ---------------------------------------------------------------------------------
+    def add_adapter(self, name: str, source: str) -> str:
+        with self.lock:
+            engine = self.state.engine
+            if engine is None:
+                raise LoadError("no model is loaded on this worker", permanent=False)
+            if name in self.adapters():
+                return "already-loaded"
+            add = getattr(engine, "add_adapter", None)
+            if add is None:
+                raise LoadError("this worker's engine has no adapter API yet (AsyncLLM.add_adapter)", permanent=True)
+            path = self.resolve_adapter_source(source)
+            try:
+                self._maybe_await(add(name, path))
+            except PERMANENT_ERRORS as exc:
+                raise LoadError(f"adapter {name!r} from {source!r}: {exc}", permanent=True) from exc
+            except Exception as exc:  # noqa: BLE001
+                raise LoadError(f"adapter {name!r} from {source!r} failed: {exc!r}", permanent=False) from exc
+            self._adapters.add(name)
+            self.counters["adapter_loads"] += 1
+            return "loaded"
+
+    def remove_adapter(self, name: str) -> bool:
+        with self.lock:
+            engine = self.state.engine
+            if engine is None or name not in self.adapters():
+                self._adapters.discard(name)
+                return False
+            self._maybe_await(engine.remove_adapter(name))
+            self._adapters.discard(name)
+            self.counters["adapter_unloads"] += 1
+            return True
+
+    def resolve_adapter_source(self, source: str) -> str:
+        parsed = urlparse(source)
+        if parsed.scheme == "file":
+            return parsed.path
+        if parsed.scheme and len(parsed.scheme) > 1:
+            cached = self.model_cache / parsed.scheme / parsed.netloc / parsed.path.lstrip("/")
+            if not cached.exists():
+                raise LoadError(f"adapter source {source!r}: not in this worker's model cache ({cached})",
+                                permanent=True)
+            return str(cached)
+        if not Path(source).expanduser().exists():
+            raise LoadError(f"adapter source {source!r} does not exist on this worker", permanent=True)
+        return str(Path(source).expanduser())
+
+    # --- the event loop's side --------------------------------------------------------------------
+    def _call_on_loop(self, fn, *args):
+        if self.loop is None or not self.loop.is_running():
+            return fn(*args)
+        done = threading.Event()
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["value"] = fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - handed back to the calling thread
+                box["error"] = exc
+            finally:
+                done.set()
+
+        self.loop.call_soon_threadsafe(run)
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    def _maybe_await(self, result):
+        if not inspect.isawaitable(result):
+            return result
+        if self.loop is not None and self.loop.is_running():
+            return asyncio.run_coroutine_threadsafe(result, self.loop).result()
+        return asyncio.run(result)
+
+    def _attach(self, engine, source: str, served_name: str) -> None:
+        state = self.state
+        state.config.model, state.config.served_model_name = source, served_name
+        state.metrics = WorkerMetrics(served_name, lambda: state.engine.latest_stats if state.engine else None)
+        state.load_error = None
+        state.attach(engine)
+
+    def _detach(self):
+        engine, self.state.engine, self.state.serving = self.state.engine, None, None
+        return engine

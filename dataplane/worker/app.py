@@ -1,0 +1,218 @@
+"""The worker's HTTP surface (Starlette): OpenAI routes, health, readiness, metrics.
+
+The model loads in a background thread after the server binds, so `/health` answers while a
+large model loads and `/ready` turns 200 only once it can serve. Non-health routes require the
+worker token when one is configured. Every response echoes `X-Request-Id`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from dataplane.engine.async_llm import AsyncLLM
+from dataplane.worker import adapters, errors
+from dataplane.worker.config import WorkerConfig
+from dataplane.worker.drain import Drainer, Draining
+from dataplane.worker.metrics import WorkerMetrics
+from dataplane.worker.run import RequestContext
+from dataplane.worker.serving import Serving
+from dataplane.worker.streaming import ClientGone, EventStream
+
+log = logging.getLogger("tessera.worker")
+
+
+class WorkerState:
+    """What the routes share: the engine once loaded, metrics, the drainer."""
+
+    def __init__(self, config: WorkerConfig, engine: AsyncLLM | None = None) -> None:
+        self.config = config
+        self.engine: AsyncLLM | None = None
+        self.serving: Serving | None = None
+        self.load_error: BaseException | None = None
+        self.drainer = Drainer()
+        self.metrics = WorkerMetrics(config.model_id, lambda: self.engine.latest_stats if self.engine else None)
+        adapters.register_metrics(self)
+        self.created = int(time.time())
+        self.on_fatal: Callable[[], None] = lambda: None  # the server's way out when loading fails
+        if engine is not None:  # tests: a ready engine, no heap to settle
+            self.attach(engine, freeze=False)
+
+    def attach(self, engine: AsyncLLM, freeze: bool = True) -> None:
+        self.engine = engine
+        self.serving = Serving(engine, self.config, self.metrics)
+        if not freeze:
+            return
+        # The model leaves ~200k long-lived objects; a full collection scanning them holds the GIL for
+        # ~0.2 s here, stalling the engine thread. Collect once now, then exempt them (gc.freeze).
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+
+    async def load(self) -> None:
+        started = time.monotonic()
+        try:
+            engine = await asyncio.to_thread(AsyncLLM.from_args, self.config.model, **self.config.engine_kwargs())
+        except Exception as exc:  # noqa: BLE001 - a worker that cannot load must exit, loudly
+            log.exception("model failed to load", extra={"model": self.config.model})
+            self.load_error = exc
+            self.on_fatal()
+            return
+        self.attach(engine)
+        log.info("model loaded", extra={"model": self.config.model, "seconds": round(time.monotonic() - started, 1),
+                                        "max_model_len": engine.max_model_len,
+                                        "kv_cache_blocks": engine.core.memory.num_blocks})
+
+    def status(self) -> str:
+        if self.load_error is not None or (self.engine is not None and not self.engine.is_alive()):
+            return "dead"
+        if self.engine is None:
+            return "loading"
+        return "draining" if self.drainer.draining else "ready"
+
+
+def _json(body: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+
+
+def _request_id(request: Request) -> str:
+    rid = request.headers.get("x-request-id", "").strip()
+    if rid and len(rid) <= 128 and rid.isascii() and rid.isprintable():
+        return rid
+    return uuid.uuid4().hex
+
+
+def create_app(state: WorkerState) -> Starlette:
+    config = state.config
+
+    def authorize(request: Request) -> None:
+        if not config.token:
+            return
+        scheme, _, secret = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(secret.strip().encode(), config.token.encode()):
+            raise errors.WorkerError("Missing or invalid worker token.", status=401, code="invalid_api_key")
+
+    async def generate(request: Request, chat: bool) -> Response:
+        started = time.monotonic()
+        rid = _request_id(request)
+        headers = {"X-Request-Id": rid}
+        ticket = None
+        response: Response | None = None
+        try:
+            authorize(request)
+            serving = state.serving
+            if serving is None or state.status() == "dead":
+                raise errors.unavailable(f"The model is {state.status()}; retry shortly.", config.retry_after,
+                                         "model_" + state.status())
+            ticket = state.drainer.admit()
+            raw = await request.body()
+            job = serving.prepare_chat(raw) if chat else serving.prepare_completion(raw)
+            ctx = RequestContext(rid, request.headers.get("x-tenant-id"), _header_int(request, "x-priority"),
+                                 request.headers.get("x-cache-salt") or None, request.receive, started)
+            response = await serving.run(job, ctx)
+        except Draining:
+            response = errors.unavailable("This worker is draining; send the request elsewhere.",
+                                          config.retry_after, "draining").response()
+            state.metrics.reject("draining")
+        except errors.WorkerError as exc:
+            response = exc.response()
+            if exc.status != 500:
+                state.metrics.reject(exc.code or str(exc.status))
+        except ClientGone:
+            response = Response(status_code=499)  # nobody reads it; the engine request is already aborted
+        except Exception:
+            log.exception("unhandled error", extra={"request_id": rid})
+            response = errors.internal("The worker failed on this request.").response()
+        finally:
+            if ticket is not None:
+                if isinstance(response, EventStream):
+                    response.on_close = lambda gone, t=ticket: t.release()
+                else:
+                    ticket.release()
+        response.headers.update(headers)
+        return response
+
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, chat=True)
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, chat=False)
+
+    async def models(request: Request) -> Response:
+        try:
+            authorize(request)
+        except errors.WorkerError as exc:
+            return exc.response()
+        card = {"id": config.model_id, "object": "model", "created": state.created, "owned_by": "tessera",
+                "root": config.model, "parent": None,
+                "max_model_len": state.engine.max_model_len if state.engine else None}
+        return _json({"object": "list", "data": [card, *adapters.model_cards(state)]})
+
+    async def health(request: Request) -> Response:
+        status = state.status()
+        return _json({"status": status}, 503 if status == "dead" else 200)
+
+    async def ready(request: Request) -> Response:
+        status = state.status()
+        body: dict[str, object] = {"status": status}
+        if state.engine is not None:  # load figures for the gateway's admission control
+            stats = state.engine.latest_stats
+            body.update(waiting=stats.num_waiting, running=stats.num_running, max_num_seqs=config.max_num_seqs)
+        return _json(body, 200 if status == "ready" else 503)
+
+    async def metrics(request: Request) -> Response:
+        try:
+            authorize(request)
+        except errors.WorkerError as exc:
+            return exc.response()
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        code = "not_found" if exc.status_code == 404 else "method_not_allowed"
+        return errors.WorkerError(str(exc.detail), status=exc.status_code, code=code).response()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):  # noqa: ANN202
+        loading = None if state.engine is not None else asyncio.create_task(state.load())
+        try:
+            yield
+        finally:
+            if loading is not None and not loading.done():
+                loading.cancel()
+            if state.engine is not None:
+                state.engine.shutdown()
+
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        *adapters.routes(state, authorize),  # LoRA adapters: load, unload, list
+    ]
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+
+
+def _header_int(request: Request, name: str) -> int | None:
+    raw = request.headers.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise errors.invalid(f"{name}: must be an integer, got {raw!r}", None, "invalid_header") from None

@@ -1,0 +1,169 @@
+"""The worker's settings: every flag also reads an environment variable, TESSERA_WORKER_<FLAG>.
+
+Precedence: command line, then environment, then the default. `--token` reads
+TESSERA_WORKER_TOKEN, the shared secret the gateway sends as `Authorization: Bearer ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+
+from dataplane.config import LoRAConfig, parse_bytes
+
+ENV_PREFIX = "TESSERA_WORKER_"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(slots=True)
+class WorkerConfig:
+    model: str  # alias, GGUF file or Hugging Face directory
+    served_model_name: str | None = None  # the id clients ask for; defaults to `model`
+    host: str = "127.0.0.1"  # loopback unless told otherwise
+    port: int = 8100
+    token: str = ""  # shared worker token; empty: no auth (only sensible on loopback)
+    # engine
+    dtype: str = "auto"
+    kv_cache_memory: str = "1GiB"
+    block_size: int = 16
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    # LoRA adapters (dataplane/lora); loaded at run time through POST /v1/adapters
+    enable_lora: bool = False
+    max_loras: int = 4  # adapters in device slots at once (distinct adapters per step)
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # registered adapters at most (default 16 x max_loras)
+    # admission and limits
+    max_waiting: int = 128  # engine requests queued beyond this answer 429
+    # Per-priority waiting limits, "priority=limit" pairs: a request whose priority is >= a key is
+    # refused (429 priority_shed) while that many engine requests wait, so low tiers shed first.
+    waiting_limits: str = "20=32,30=8"
+    retry_after: int = 1  # seconds, sent with 429 and 503
+    max_n: int = 16  # completions per request at most (n, or n x prompts for a batch)
+    default_max_tokens: int = 1024  # chat requests without max_tokens (capped by the context left)
+    # lifecycle
+    drain_timeout: float = 30.0  # seconds to let in-flight requests finish after SIGTERM
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model: must name a model (alias, GGUF file or directory)")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port: must be in [0, 65535], got {self.port}")
+        parse_bytes(self.kv_cache_memory, name="kv_cache_memory")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_n", "default_max_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.max_waiting < 0:
+            raise ValueError(f"max_waiting: must be >= 0, got {self.max_waiting}")
+        if self.retry_after < 0:
+            raise ValueError(f"retry_after: must be >= 0, got {self.retry_after}")
+        if self.drain_timeout < 0:
+            raise ValueError(f"drain_timeout: must be >= 0, got {self.drain_timeout}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len: must be >= 1, got {self.max_model_len}")
+        parse_waiting_limits(self.waiting_limits)  # fails early, naming the field
+        if self.enable_lora:
+            LoRAConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank, max_cpu_loras=self.max_cpu_loras)
+        self.log_level = self.log_level.lower()
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ValueError(f"log_level: must be debug, info, warning or error, got {self.log_level!r}")
+
+    def waiting_limit(self, priority: int) -> int | None:
+        """The waiting-queue length at which a request of this priority is refused (None: max_waiting only)."""
+        limit = None
+        for key, value in parse_waiting_limits(self.waiting_limits):  # a few pairs: cheap
+            if priority >= key:
+                limit = value
+        return limit
+
+    @property
+    def model_id(self) -> str:
+        return self.served_model_name or self.model
+
+    def engine_kwargs(self) -> dict[str, object]:
+        return {
+            "dtype": self.dtype, "kv_cache_memory": self.kv_cache_memory, "block_size": self.block_size,
+            "max_model_len": self.max_model_len, "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens, "max_waiting": self.max_waiting,
+            "enable_prefix_caching": self.enable_prefix_caching, "seed": self.seed, "progress": False,
+            **({"enable_lora": True, "max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank,
+                "max_cpu_loras": self.max_cpu_loras} if self.enable_lora else {}),
+        }
+
+
+def parse_waiting_limits(raw: str) -> list[tuple[int, int]]:
+    table = []
+    for pair in filter(None, (p.strip() for p in raw.split(","))):
+        priority, sep, limit = pair.partition("=")
+        try:
+            if not sep or int(limit) < 0:
+                raise ValueError
+            table.append((int(priority), int(limit)))
+        except ValueError:
+            raise ValueError(f"waiting_limits: expected priority=limit pairs (limit >= 0), got {pair!r}") from None
+    return sorted(table)
+
+
+def _env_bool(raw: str, name: str) -> bool:
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise ValueError(f"{name}: cannot read {raw!r} as a boolean (use true or false)")
+
+
+def _optional_int(raw: str) -> int | None:
+    return None if raw.lower() in ("", "none") else int(raw)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m dataplane.worker",
+        description="Tessera data-plane worker: one engine behind an OpenAI-compatible HTTP API. "
+                    f"Every flag can also be set as {ENV_PREFIX}<FLAG> (e.g. {ENV_PREFIX}PORT=8101).")
+    types = {"port": int, "block_size": int, "max_num_seqs": int, "max_num_batched_tokens": int, "seed": int,
+             "max_waiting": int, "retry_after": int, "max_n": int, "default_max_tokens": int,
+             "drain_timeout": float, "max_model_len": _optional_int, "max_loras": int, "max_lora_rank": int,
+             "max_cpu_loras": _optional_int}
+    for f in fields(WorkerConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            parser.add_argument(flag, type=types.get(f.name, str), default=None,
+                                help=f"(env {ENV_PREFIX}{f.name.upper()})")
+    return parser
+
+
+def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> WorkerConfig:
+    """Flags over environment over defaults; raises ValueError naming the bad setting."""
+    env = os.environ if env is None else env
+    args = vars(build_parser().parse_args(argv))
+    values: dict[str, object] = {}
+    for f in fields(WorkerConfig):
+        value = args.get(f.name)
+        raw = env.get(ENV_PREFIX + f.name.upper())
+        if value is None and raw is not None:
+            try:
+                if f.type == "bool":
+                    value = _env_bool(raw, f.name)
+                elif f.type == "int | None":
+                    value = _optional_int(raw)
+                elif f.type in ("int", "float"):
+                    value = int(raw) if f.type == "int" else float(raw)
+                else:
+                    value = raw
+            except ValueError as exc:
+                raise ValueError(f"{f.name}: cannot read {ENV_PREFIX}{f.name.upper()}={raw!r} ({exc})") from None
+        if value is not None:
+            values[f.name] = value
+    if "model" not in values:
+        raise ValueError(f"model: required (--model or {ENV_PREFIX}MODEL)")
+    return WorkerConfig(**values)  # type: ignore[arg-type]

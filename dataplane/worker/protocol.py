@@ -1,0 +1,171 @@
+"""Request bodies, after OpenAI's schemas, and what they mean for the engine.
+
+Parsing is strict about the types of the fields it knows (`"temperature": "0.5"` is a 400, as it
+is at OpenAI) and ignores fields it does not know. Every field is nullable, so a client that sends
+`"n": null` gets the default. Extensions (after vLLM's): top_k, min_p, repetition_penalty,
+priority, ignore_eos, stop_token_ids, skip_special_tokens, include_stop_str_in_output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from dataplane.sampling_params import SamplingParams
+from dataplane.worker.errors import WorkerError, invalid
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class StreamOptions(_Body):
+    include_usage: bool | None = None
+
+
+class ContentPart(_Body):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Body):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class GenerationRequest(_Body):
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # extensions
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    priority: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def check_common(self) -> None:
+        if self.logit_bias:
+            raise invalid("logit_bias is not supported by this worker.", "logit_bias", "unsupported_parameter")
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        """Engine parameters; a bad value raises ValueError naming the field (mapped to a 400)."""
+        given = {
+            "n": self.n, "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
+            "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+            "top_k": self.top_k, "min_p": self.min_p, "repetition_penalty": self.repetition_penalty,
+            "ignore_eos": self.ignore_eos, "stop_token_ids": self.stop_token_ids,
+            "skip_special_tokens": self.skip_special_tokens,
+            "include_stop_str_in_output": self.include_stop_str_in_output,
+        }
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, stop=stop,
+                              **{k: v for k, v in given.items() if v is not None})
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """The engine's `logprobs`: alternatives per token, or None when not asked for."""
+        if not self.logprobs:
+            if self.top_logprobs:
+                raise invalid("top_logprobs: requires logprobs to be true", "top_logprobs")
+            return None
+        return self.top_logprobs or 0
+
+    def conversation(self) -> list[dict[str, Any]]:
+        """Messages as the chat template takes them; content parts must be text."""
+        self.check_common()
+        if not self.messages:
+            raise invalid("messages: must contain at least one message", "messages")
+        if self.tools and self.tool_choice != "none":
+            raise invalid("tools are not supported by this worker.", "tools", "unsupported_parameter")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise invalid("response_format: only {\"type\": \"text\"} is supported by this worker.",
+                          "response_format", "unsupported_parameter")
+        out = []
+        for i, m in enumerate(self.messages):
+            content = m.content
+            if isinstance(content, list):
+                if any(p.type != "text" or p.text is None for p in content):
+                    raise invalid(f"messages[{i}].content: only text content parts are supported",
+                                  f"messages[{i}].content", "unsupported_parameter")
+                content = "".join(p.text or "" for p in content)
+            msg: dict[str, Any] = {"role": m.role, "content": content or ""}
+            if m.name is not None:
+                msg["name"] = m.name
+            out.append(msg)
+        return out
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: Any = None  # str | list[str] | list[int] | list[list[int]], checked in prompts()
+    logprobs: int | None = None
+    echo: bool | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        """The batch this request asks for: strings or token-id lists, one per prompt."""
+        self.check_common()
+        if self.suffix:
+            raise invalid("suffix is not supported by this worker.", "suffix", "unsupported_parameter")
+        if self.best_of is not None and self.best_of != (self.n or 1):
+            raise invalid("best_of: only best_of == n is supported", "best_of", "unsupported_parameter")
+        if self.echo and self.logprobs is not None:
+            raise invalid("echo with logprobs needs prompt logprobs, which this worker does not compute.",
+                          "echo", "unsupported_parameter")
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if isinstance(p, list) and p:
+            if all(isinstance(x, str) for x in p):
+                return list(p)
+            if all(_is_token(x) for x in p):
+                return [list(p)]
+            if all(isinstance(x, list) and x and all(_is_token(t) for t in x) for x in p):
+                return [list(x) for x in p]
+        raise invalid("prompt: must be a string, an array of strings, an array of token ids or an array of "
+                      "token-id arrays, and not empty", "prompt", "invalid_type" if p is not None else
+                      "missing_required_parameter")
+
+
+def _is_token(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def check_model(requested: str | None, served: str) -> None:
+    if requested is not None and requested != served:
+        raise WorkerError(f"The model `{requested}` does not exist (this worker serves `{served}`).",
+                          status=404, code="model_not_found", param="model")

@@ -1,0 +1,175 @@
+"""Engine outputs as OpenAI response bodies and SSE chunks, chat and completions alike.
+
+Chunks are plain dicts serialized with orjson (no pydantic on the per-token path). Logprobs
+come in both of OpenAI's shapes: chat's `content[{token, logprob, bytes, top_logprobs}]` and
+completions' parallel lists (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import orjson
+
+from dataplane.models.tokenizer import Tokenizer
+from dataplane.scheduler.output import TokenLogprobs
+
+DONE = b"data: [DONE]\n\n"
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: the printable character that stands for each byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+class TokenText:
+    """A token id's exact bytes and its text (invalid UTF-8 shown as \\xNN, as OpenAI does), cached."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.byte_level = type(tokenizer.backend.decoder).__name__ == "ByteLevel"
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def __call__(self, token_id: int) -> tuple[str, list[int]]:
+        hit = self._cache.get(token_id)
+        if hit is None:
+            raw = self._bytes(token_id)
+            hit = self._cache[token_id] = (raw.decode("utf-8", errors="backslashreplace"), list(raw))
+        return hit
+
+    def _bytes(self, token_id: int) -> bytes:
+        if self.byte_level:
+            piece = self.tokenizer.id_to_token(token_id)
+            table = _byte_decoder()
+            if piece and all(c in table for c in piece):
+                return bytes(table[c] for c in piece)
+        return self.tokenizer.decode([token_id], skip_special_tokens=False).encode()
+
+
+def chat_logprobs(entries: list[TokenLogprobs], text: TokenText) -> dict[str, Any]:
+    content = []
+    for e in entries:
+        tok, raw = text(e.token_id)
+        tops = []
+        for tid, lp in e.top:
+            t, b = text(tid)
+            tops.append({"token": t, "logprob": lp, "bytes": b})
+        content.append({"token": tok, "logprob": e.logprob, "bytes": raw, "top_logprobs": tops})
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(entries: list[TokenLogprobs], text: TokenText, offset: int) -> dict[str, Any]:
+    """Completions' shape; `offset` is where the first token starts in the returned text."""
+    tokens, lps, tops, offsets = [], [], [], []
+    for e in entries:
+        tok = text(e.token_id)[0]
+        tokens.append(tok)
+        lps.append(e.logprob)
+        top = {tok: e.logprob}
+        for tid, lp in e.top:
+            top.setdefault(text(tid)[0], lp)
+        tops.append(top)
+        offsets.append(offset)
+        offset += len(tok)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+@dataclass(slots=True)
+class Choice:
+    """One completion's progress, as the client sees it."""
+
+    index: int
+    text: list[str] = field(default_factory=list)  # non-streaming: the pieces, joined at the end
+    num_tokens: int = 0
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    offset: int = 0  # completions logprobs: characters before the next token
+    finish_reason: str | None = None
+    error: str | None = None
+    sent_role: bool = False  # chat streaming: the first chunk carries the role
+
+
+class Renderer:
+    """Builds one request's bodies; `chat` picks the endpoint's shapes."""
+
+    def __init__(self, *, chat: bool, response_id: str, created: int, model: str, include_usage: bool,
+                 logprobs: bool, text: TokenText) -> None:
+        self.chat = chat
+        self.head = {"id": response_id, "object": "chat.completion.chunk" if chat else "text_completion",
+                     "created": created, "model": model}
+        if chat:
+            self.head["system_fingerprint"] = None
+        # Every chunk of the request starts alike: serialize that once; per token only the choice.
+        self._prefix = b"data: " + orjson.dumps(self.head)[:-1] + b',"choices":['
+        self._suffix = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
+        self.include_usage = include_usage
+        self.logprobs = logprobs
+        self.text = text
+
+    def _logprobs(self, c: Choice, entries: list[TokenLogprobs] | None) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        entries = entries or []
+        if self.chat:
+            return chat_logprobs(entries, self.text)
+        out = completion_logprobs(entries, self.text, c.offset)
+        c.offset = out["text_offset"][-1] + len(out["tokens"][-1]) if entries else c.offset
+        return out
+
+    # -- streaming -----------------------------------------------------------------------------
+    def chunk(self, c: Choice, text: str, entries: list[TokenLogprobs] | None, finish_reason: str | None
+              ) -> dict[str, Any] | None:
+        """One choice's chunk for a delta, or None when it carries nothing the client can see."""
+        if not text and not finish_reason and not (self.logprobs and entries) and (c.sent_role or not self.chat):
+            return None
+        if self.chat:
+            delta: dict[str, Any] = {}
+            if not c.sent_role:
+                delta["role"] = "assistant"
+                c.sent_role = True
+            if text or "role" in delta:
+                delta["content"] = text
+            return {"index": c.index, "delta": delta, "logprobs": self._logprobs(c, entries),
+                    "finish_reason": finish_reason}
+        return {"index": c.index, "text": text, "logprobs": self._logprobs(c, entries),
+                "finish_reason": finish_reason}
+
+    def event(self, choices: list[dict[str, Any]]) -> bytes:
+        """One SSE event per choice (OpenAI sends one choice per chunk), written in one send."""
+        return b"".join(self._prefix + orjson.dumps(ch) + self._suffix for ch in choices)
+
+    def usage_event(self, u: dict[str, Any]) -> bytes:
+        return b"data: " + orjson.dumps({**self.head, "choices": [], "usage": u}) + b"\n\n"
+
+    # -- whole responses -----------------------------------------------------------------------
+    def response(self, choices: list[Choice], u: dict[str, Any], echo: list[str] | None, n: int) -> bytes:
+        out = []
+        for c in choices:
+            text = "".join(c.text)
+            lp = self._logprobs(c, c.logprobs)
+            if self.chat:
+                out.append({"index": c.index, "message": {"role": "assistant", "content": text, "refusal": None},
+                            "logprobs": lp, "finish_reason": c.finish_reason})
+            else:
+                if echo is not None:
+                    text = echo[c.index // n] + text
+                out.append({"index": c.index, "text": text, "logprobs": lp, "finish_reason": c.finish_reason})
+        body = {**self.head, "object": "chat.completion" if self.chat else "text_completion", "choices": out,
+                "usage": u}
+        return orjson.dumps(body)

@@ -1,0 +1,185 @@
+"""One request's generation as the client sees it: choices, usage, metrics, the final log line."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from starlette.types import Receive
+
+from dataplane.outputs import CompletionOutput, RequestOutput
+from dataplane.sampling_params import SamplingParams
+from dataplane.worker import errors
+from dataplane.worker.metrics import RequestTrace
+from dataplane.worker.render import DONE, Choice, Renderer, usage
+
+log = logging.getLogger("tessera.worker")
+
+
+@dataclass(slots=True)
+class RequestContext:
+    request_id: str  # as the gateway (X-Request-Id) or the worker named it; echoed back
+    tenant: str | None  # X-Tenant-Id, for logs
+    priority: int | None  # X-Priority; lower runs first
+    cache_salt: str | None  # X-Cache-Salt: prefix-cache blocks are shared only within one salt
+    receive: Receive  # the ASGI channel, watched for the client's disconnect
+    started: float  # time.monotonic() when the request was accepted
+
+
+@dataclass(slots=True)
+class Job:
+    chat: bool
+    prompts: list[list[int]]  # token ids, one list per prompt of a batch
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    priority: int | None  # the body's `priority` extension
+    echo: list[str] | None  # completions with echo: each prompt's text
+    adapter: str | None = None  # the LoRA adapter `model` named (None: the base model)
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompts) * self.params.n
+
+
+Events = AsyncIterator[tuple[int, RequestOutput]]
+
+
+class Generation:
+    def __init__(self, job: Job, ctx: RequestContext, renderer: Renderer, trace: RequestTrace, events: Events,
+                 map_error: Callable[[BaseException], errors.WorkerError | None]) -> None:
+        self.job, self.ctx, self.r, self.trace, self.events = job, ctx, renderer, trace, events
+        self.map_error = map_error
+        self.choices = [Choice(i) for i in range(job.num_choices)]
+        self.cached = [0] * len(job.prompts)
+        self.queue_time: float | None = None
+        self.status = "cancelled"  # until it ends otherwise: the client left, or the worker stopped
+        self.done = False
+
+    async def _next(self) -> tuple[int, RequestOutput] | None:
+        try:
+            return await anext(self.events, None)
+        except Exception as exc:  # noqa: BLE001 - mapped to the client's error, or re-raised
+            mapped = self.map_error(exc)
+            if mapped is None:
+                self.status = "internal_error"
+                raise
+            self.status = mapped.code or "error"
+            raise mapped from None
+
+    def _apply(self, item: tuple[int, RequestOutput], now: float) -> list[tuple[Choice, CompletionOutput]]:
+        i, out = item
+        self.cached[i] = out.num_cached_tokens
+        if out.finished and self.queue_time is None:
+            self.queue_time = out.metrics.queue_time
+        moved = []
+        for o in out.outputs:
+            c = self.choices[i * self.job.params.n + o.index]
+            if o.token_ids:
+                c.num_tokens += len(o.token_ids)
+                self.trace.token(c.index, now)
+            if o.finish_reason is not None:
+                c.finish_reason, c.error = o.finish_reason, o.error
+            moved.append((c, o))
+        return moved
+
+    def usage(self) -> dict:
+        return usage(sum(len(p) for p in self.job.prompts), sum(c.num_tokens for c in self.choices),
+                     sum(self.cached))
+
+    def _failure(self) -> errors.WorkerError | None:
+        failed = next((c for c in self.choices if c.finish_reason == "error"), None)
+        if failed is None:
+            return None
+        self.status = "engine_error"
+        return errors.internal(f"The engine failed on this request: {failed.error}")
+
+    # -- whole response ------------------------------------------------------------------------
+    async def collect(self) -> bytes:
+        try:
+            while (item := await self._next()) is not None:
+                for c, o in self._apply(item, time.monotonic()):
+                    if o.text:
+                        c.text.append(o.text)
+                    if o.logprobs:
+                        c.logprobs.extend(o.logprobs)
+            failure = self._failure()
+            if failure is not None:
+                raise failure
+            self.status = "ok"
+            return self.r.response(self.choices, self.usage(), self.job.echo, self.job.params.n)
+        finally:
+            self.finish()
+
+    # -- streaming -----------------------------------------------------------------------------
+    async def first(self) -> tuple[int, RequestOutput] | None:
+        """The first delta, before any header is sent: errors up to here are HTTP statuses."""
+        try:
+            item = await self._next()
+        except BaseException:
+            self.finish()
+            raise
+        if item is not None and any(o.finish_reason == "error" for o in item[1].outputs):
+            self._apply(item, time.monotonic())
+            failure = self._failure()
+            self.finish()
+            raise failure  # type: ignore[misc]
+        return item
+
+    async def stream(self, item: tuple[int, RequestOutput] | None) -> AsyncIterator[bytes]:
+        try:
+            if self.job.echo is not None:
+                n = self.job.params.n
+                yield self.r.event([self.r.chunk(c, self.job.echo[c.index // n], None, None) for c in self.choices])
+            while item is not None:
+                chunks = []
+                for c, o in self._apply(item, time.monotonic()):
+                    reason = o.finish_reason if o.finish_reason in ("stop", "length") else None
+                    chunk = self.r.chunk(c, o.text, o.logprobs, reason)
+                    if chunk is not None:
+                        chunks.append(chunk)
+                if chunks:
+                    yield self.r.event(chunks)
+                failure = self._failure()
+                if failure is not None:
+                    yield failure.sse_event()
+                    return
+                try:
+                    item = await self._next()
+                except errors.WorkerError as exc:
+                    yield exc.sse_event()
+                    return
+            if self.job.include_usage:
+                yield self.r.usage_event(self.usage())
+            self.status = "ok"
+            yield DONE
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Abort what is still running in the engine, then account for the request (idempotent)."""
+        await self.events.aclose()  # type: ignore[attr-defined]
+        self.finish()
+
+    # -- the end -------------------------------------------------------------------------------
+    def finish(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        reasons = [c.finish_reason for c in self.choices if c.finish_reason]
+        if self.status == "cancelled":
+            reasons += ["abort"] * sum(1 for c in self.choices if c.finish_reason is None)
+        now = time.monotonic()
+        self.trace.finish(reasons, self.queue_time, now)
+        ttft = self.trace.ttft_seconds
+        u = self.usage()
+        log.info("request finished", extra={
+            "request_id": self.ctx.request_id, "tenant": self.ctx.tenant, "priority": self.trace.priority,
+            "endpoint": "chat" if self.job.chat else "completions", "stream": self.job.stream,
+            "status": self.status, "prompt_tokens": u["prompt_tokens"],
+            "completion_tokens": u["completion_tokens"], "cached_tokens": u["prompt_tokens_details"]["cached_tokens"],
+            "n": self.job.num_choices, "finish_reasons": reasons,
+            "ttft_ms": None if ttft is None else round(ttft * 1000, 1),
+            "e2e_ms": round((now - self.ctx.started) * 1000, 1)})

@@ -1,0 +1,203 @@
+"""One OpenAI request through the engine: parse, tokenize, check, generate, answer (whole or streamed).
+
+Errors the client can fix surface before anything is queued, as 400s naming the field. A stream
+sends its headers with its first delta, not before: a full queue (429) or a failure on the first
+step (500) is then still an HTTP status, which the gateway can act on; afterwards a failure is
+reported in-band as `data: {"error": ...}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import TypeVar
+
+from pydantic import ValidationError
+from starlette.responses import Response
+
+from dataplane.engine.async_llm import AsyncLLM, EngineDeadError
+from dataplane.outputs import RequestOutput
+from dataplane.scheduler.scheduler import QueueFullError
+from dataplane.worker import errors
+from dataplane.worker.adapters import resolve_model
+from dataplane.worker.config import WorkerConfig
+from dataplane.worker.metrics import WorkerMetrics
+from dataplane.worker.protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from dataplane.worker.render import Renderer, TokenText
+from dataplane.worker.run import Generation, Job, RequestContext
+from dataplane.worker.streaming import EventStream, race_disconnect
+
+R = TypeVar("R", bound=GenerationRequest)
+
+
+
+class Serving:
+    def __init__(self, engine: AsyncLLM, config: WorkerConfig, metrics: WorkerMetrics) -> None:
+        self.engine = engine
+        self.config = config
+        self.metrics = metrics
+        self.text = TokenText(engine.tokenizer)
+        self.active: set[str] = set()  # engine request ids in use
+
+    # -- parsing and checks (nothing queued yet) -----------------------------------------------
+    def prepare_chat(self, raw: bytes) -> Job:
+        req = _parse(ChatCompletionRequest, raw)
+        adapter = resolve_model(req.model, self.config.model_id, self.engine)
+        conversation = req.conversation()
+        try:
+            ids = self.engine.tokenizer.apply_chat_template(conversation)
+        except ValueError as exc:
+            raise errors.from_value_error(exc, "messages") from None
+        except Exception as exc:  # noqa: BLE001 - the template refused the conversation (jinja raised)
+            raise errors.invalid(f"messages: the chat template refused them: {exc}", "messages") from None
+        max_tokens = self._max_tokens(req.requested_max_tokens, [ids], "messages", self.config.default_max_tokens)
+        return self._job(req, True, [ids], max_tokens, req.num_logprobs, "messages", None, adapter)
+
+    def prepare_completion(self, raw: bytes) -> Job:
+        req = _parse(CompletionRequest, raw)
+        adapter = resolve_model(req.model, self.config.model_id, self.engine)
+        prompts = req.prompts()
+        tok = self.engine.tokenizer
+        ids = [tok.encode(p) if isinstance(p, str) else p for p in prompts]
+        echo = [p if isinstance(p, str) else tok.decode(p) for p in prompts] if req.echo else None
+        max_tokens = self._max_tokens(req.max_tokens, ids, "prompt", 16)  # 16: OpenAI's completions default
+        return self._job(req, False, ids, max_tokens, req.logprobs, "prompt", echo, adapter)
+
+    def _max_tokens(self, requested: int | None, prompts: list[list[int]], param: str, default: int) -> int:
+        limit, longest = self.engine.max_model_len, max(len(p) for p in prompts)
+        if requested is None:
+            if longest >= limit:
+                raise errors.context_length_exceeded(limit, longest, 1, param)
+            return min(default, limit - longest)
+        if requested >= 1 and longest + requested > limit:
+            raise errors.context_length_exceeded(limit, longest, requested, param)
+        return requested  # < 1 is refused by SamplingParams, naming max_tokens
+
+    def _job(self, req: GenerationRequest, chat: bool, prompts: list[list[int]], max_tokens: int, logprobs: int | None,
+             param: str, echo: list[str] | None, adapter: str | None = None) -> Job:
+        try:
+            params = req.sampling_params(max_tokens, logprobs)
+        except ValueError as exc:
+            raise errors.from_value_error(exc, param) from None
+        if params.n * len(prompts) > self.config.max_n:
+            raise errors.invalid(f"n: at most {self.config.max_n} completions per request on this worker "
+                                 f"(asked for {params.n * len(prompts)})", "n")
+        return Job(chat, prompts, params, bool(req.stream), req.include_usage, req.priority, echo, adapter)
+
+    # -- running -------------------------------------------------------------------------------
+    async def run(self, job: Job, ctx: RequestContext) -> Response:
+        """The response: JSON, or an EventStream whose `on_close` the caller sets (to release its ticket)."""
+        prio = _priority(ctx.priority, job.priority)
+        self._admit(prio)
+        trace = self.metrics.trace(prio, ctx.started)
+        prefix = "chatcmpl-" if job.chat else "cmpl-"
+        r = Renderer(chat=job.chat, response_id=prefix + ctx.request_id, created=int(time.time()),
+                     model=job.adapter or self.config.model_id, include_usage=job.include_usage,
+                     logprobs=job.params.logprobs is not None, text=self.text)
+        param = "messages" if job.chat else "prompt"
+        events = self._events(job, ctx, prio)
+        gen = Generation(job, ctx, r, trace, events, lambda exc: self.engine_error(exc, param))
+        try:
+            if not job.stream:
+                return Response(await race_disconnect(ctx.receive, gen.collect()), media_type="application/json")
+            first = await race_disconnect(ctx.receive, gen.first())
+        except BaseException:
+            await events.aclose()
+            raise
+        return EventStream(gen.stream(first), gen.close)
+
+    async def _events(self, job: Job, ctx: RequestContext, priority: int
+                      ) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Deltas of every prompt of the job, tagged with the prompt's index; aborts all on close."""
+        ids = [self._claim(ctx.request_id if len(job.prompts) == 1 else f"{ctx.request_id}-{i}")
+               for i in range(len(job.prompts))]
+        gens = [self.engine.generate(p, job.params, request_id=rid, priority=priority, cache_salt=ctx.cache_salt,
+                                     adapter=job.adapter)
+                for p, rid in zip(job.prompts, ids, strict=True)]
+        try:
+            if len(gens) == 1:
+                async for out in gens[0]:
+                    yield 0, out
+            else:
+                async for item in _merge(gens):
+                    yield item
+        finally:
+            for g in gens:
+                await g.aclose()  # aborts the engine request if it has not finished
+            self.active.difference_update(ids)
+
+    def _admit(self, priority: int) -> None:
+        """Shed low priorities first: refuse while the waiting queue is at this priority's limit."""
+        limit = self.config.waiting_limit(priority)
+        if limit is None:
+            return
+        waiting = len(self.engine.core.scheduler.waiting)  # a racy read is fine for a threshold
+        if waiting >= limit:
+            raise errors.WorkerError(
+                f"{waiting} requests are waiting (limit {limit} for priority {priority}); lower priorities are "
+                "shed first under load.", status=429, code="priority_shed",
+                headers={"Retry-After": str(self.config.retry_after)})
+
+    def _claim(self, request_id: str) -> str:
+        rid = request_id
+        while rid in self.active:
+            rid = f"{request_id}-{uuid.uuid4().hex[:8]}"
+        self.active.add(rid)
+        return rid
+
+    def engine_error(self, exc: BaseException, param: str) -> errors.WorkerError | None:
+        if isinstance(exc, QueueFullError):
+            return errors.queue_full(str(exc), self.config.retry_after)
+        if isinstance(exc, ValueError):
+            return errors.from_value_error(exc, param)
+        if isinstance(exc, EngineDeadError):
+            return errors.unavailable("The engine stopped; this worker cannot serve requests.",
+                                      self.config.retry_after, "engine_dead")
+        return None
+
+
+def _parse(model: type[R], raw: bytes) -> R:
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise errors.from_validation_error(exc) from None
+
+
+def _priority(header: int | None, body: int | None) -> int:
+    """The gateway's X-Priority is the tenant's; a body `priority` may only lower it (a larger number)."""
+    if header is None:
+        return body or 0
+    return header if body is None else max(header, body)
+
+
+async def _merge(gens: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave several prompts' deltas as they come; the first failure ends the whole batch."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, gen: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for out in gen:
+                queue.put_nowait((i, out))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer
+            queue.put_nowait((i, exc))
+        finally:
+            queue.put_nowait((i, None))
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        left = len(tasks)
+        while left:
+            i, item = await queue.get()
+            if item is None:
+                left -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+

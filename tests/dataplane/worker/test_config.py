@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+import pytest
+
+from dataplane.worker.config import load_config
+
+
+def test_flags_over_environment_over_defaults():
+    env = {"TESSERA_WORKER_MODEL": "m", "TESSERA_WORKER_PORT": "9000", "TESSERA_WORKER_TOKEN": "t",
+           "TESSERA_WORKER_ENABLE_PREFIX_CACHING": "false", "TESSERA_WORKER_MAX_MODEL_LEN": "none"}
+    c = load_config(["--port", "9001", "--drain-timeout", "2.5"], env)
+    assert (c.model, c.port, c.token, c.drain_timeout, c.host) == ("m", 9001, "t", 2.5, "127.0.0.1")
+    assert c.enable_prefix_caching is False and c.max_model_len is None
+    assert load_config(["--model", "x", "--no-enable-prefix-caching"], {}).enable_prefix_caching is False
+    assert load_config(["--model", "x", "--max-model-len", "512"], {}).engine_kwargs()["max_model_len"] == 512
+
+
+@pytest.mark.parametrize("argv,env,field", [
+    ([], {}, "model"),
+    (["--model", "m", "--max-waiting", "-1"], {}, "max_waiting"),
+    (["--model", "m", "--kv-cache-memory", "lots"], {}, "kv_cache_memory"),
+    (["--model", "m"], {"TESSERA_WORKER_PORT": "eighty"}, "port"),
+    (["--model", "m"], {"TESSERA_WORKER_ENABLE_PREFIX_CACHING": "maybe"}, "enable_prefix_caching"),
+])
+def test_bad_settings_name_the_field(argv, env, field):
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        load_config(argv, env)

@@ -1,0 +1,147 @@
+"""A real worker process serving SmolLM2, driven by the official `openai` client."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from .process import MODEL, TOKEN, WorkerProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.model]
+
+CHAT = [{"role": "user", "content": "Name a colour."}]
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = WorkerProcess()
+    try:
+        w.wait_ready()
+        yield w
+    finally:
+        w.stop()
+
+
+@pytest.fixture(scope="module")
+def client(worker) -> openai.OpenAI:
+    return openai.OpenAI(base_url=worker.url + "/v1", api_key=TOKEN, max_retries=0, timeout=60)
+
+
+def test_chat_and_completion(client):
+    chat = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=8, temperature=0)
+    choice = chat.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert chat.usage.prompt_tokens > 10 and 1 <= chat.usage.completion_tokens <= 8
+    assert chat.usage.prompt_tokens_details.cached_tokens >= 0
+
+    done = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0)
+    assert done.choices[0].text.strip().startswith("Paris")
+    assert done.usage.completion_tokens == 4 and done.choices[0].finish_reason == "length"
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def test_stream_matches_whole_response_and_ends_with_usage(client):
+    kwargs = {"model": MODEL, "messages": CHAT, "max_tokens": 12, "temperature": 0}
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    # Flushed per token: one chunk per generated token here (plain ASCII text, no stop strings).
+    assert len([c for c in chunks if c.choices]) == whole.usage.completion_tokens
+
+
+def test_stop_string_ends_the_completion(client):
+    done = client.completions.create(model=MODEL, prompt="1, 2, 3, 4, 5,", max_tokens=10, temperature=0, stop=[","])
+    assert done.choices[0].finish_reason == "stop"
+    assert done.choices[0].text.strip() == "6"
+
+
+def test_n2_seed_reproducibility(client):
+    kwargs = {"model": MODEL, "messages": CHAT, "max_tokens": 10, "temperature": 1.0, "n": 2}
+    first = client.chat.completions.create(**kwargs, seed=1234)
+    again = client.chat.completions.create(**kwargs, seed=1234)
+    assert [c.index for c in first.choices] == [0, 1]
+    assert [c.message.content for c in first.choices] == [c.message.content for c in again.choices]
+    other = client.chat.completions.create(**kwargs, seed=99)
+    assert [c.message.content for c in other.choices] != [c.message.content for c in first.choices]
+
+
+def test_logprobs_in_both_shapes(client):
+    chat = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5, temperature=0, logprobs=True,
+                                          top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    assert "".join(t.token for t in content if t.token != "<|im_end|>") == chat.choices[0].message.content
+    for t in content:
+        assert len(t.top_logprobs) == 3 and t.logprob == t.top_logprobs[0].logprob <= 0  # greedy: the top one
+        assert bytes(t.bytes).decode() == t.token
+    done = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=3, temperature=0,
+                                     logprobs=2)
+    lp = done.choices[0].logprobs
+    assert "".join(lp.tokens) == done.choices[0].text and len(lp.token_logprobs) == 3
+    assert lp.text_offset == [0, len(lp.tokens[0]), len(lp.tokens[0]) + len(lp.tokens[1])]
+    assert all(len(top) == 2 for top in lp.top_logprobs)
+
+
+def test_prefix_cache_is_shared_within_a_salt_only(worker, client):
+    prompt = "A tenant's long shared system prompt about gardening, composting and soil. " * 6
+    def cached(salt: str) -> int:
+        done = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, extra_headers={"X-Cache-Salt": salt})
+        return done.usage.prompt_tokens_details.cached_tokens
+    assert cached("tenant-a") == 0
+    assert cached("tenant-a") >= 64
+    assert cached("tenant-b") == 0
+
+
+@pytest.mark.parametrize("kwargs,code,param", [
+    ({"max_tokens": 100_000}, "context_length_exceeded", "messages"),
+    ({"temperature": -1}, "invalid_value", "temperature"),
+    ({"temperature": "hot"}, "invalid_type", "temperature"),
+    ({"n": 1000}, "invalid_value", "n"),
+    ({"top_logprobs": 50, "logprobs": True}, "invalid_value", "logprobs"),
+])
+def test_bad_requests_are_400s_with_a_code(client, kwargs, code, param):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=CHAT, **kwargs)
+    assert err.value.code == code and err.value.body["param"] == param
+
+
+def test_wrong_token_is_401(worker):
+    bad = openai.OpenAI(base_url=worker.url + "/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_request_id_is_echoed(client):
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=1,
+                                                           extra_headers={"X-Request-Id": "req_e2e"})
+    assert raw.headers["x-request-id"] == "req_e2e" and raw.parse().id == "chatcmpl-req_e2e"
+
+
+def test_disconnect_mid_stream_frees_the_requests_blocks(worker):
+    before = worker.metrics()
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", worker.url + "/v1/completions", json=body, headers=worker.headers, timeout=60) as r:
+        lines = r.iter_lines()  # held: a collected line iterator would close the response
+        events = 0
+        for line in lines:
+            events += line.startswith("data: ")
+            if events == 3:
+                break
+        during = worker.metrics()
+        assert during["tessera:num_requests_running"] == 1 and during["tessera:kv_cache_usage_perc"] > 0
+    left = time.monotonic()
+    worker.wait_metric("tessera:num_requests_running", lambda v: v == 0, timeout=5)
+    assert time.monotonic() - left < 2
+    after = worker.metrics()
+    assert after["tessera:kv_cache_usage_perc"] == 0
+    assert after["tessera:generation_tokens_total"] - before["tessera:generation_tokens_total"] < 100
+    abort = 'tessera:request_success_total{finished_reason="abort",model_name="smollm2-135m-instruct",priority="0"}'
+    assert after.get(abort, 0) == before.get(abort, 0) + 1
+    assert after["tessera:time_to_first_token_seconds_count"] > 0
