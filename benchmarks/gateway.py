@@ -1,0 +1,312 @@
+"""Gateway overhead: added latency over a direct worker call at max_tokens=1, and the
+authenticated request rate one gateway process sustains.
+
+    python -m benchmarks.gateway                      # against the fast fake upstream (no model)
+    python -m benchmarks.gateway --worker-url http://127.0.0.1:8100 --model smollm2-135m-instruct
+
+Starts, as separate processes: the upstream (unless --worker-url), two gateway configurations (one
+uvicorn process each, fresh SQLite, Redis limiter when Redis answers, billing's real ledger):
+"inline" (the gateway writes the ledger from a background thread) and "queue" (it RPUSHes usage
+events and `manage.py usage_consume` writes them), and a bare uvicorn+httpx proxy as the floor of
+what any Python HTTP hop costs here. Latency: sequential keep-alive requests, cycling through every
+path each iteration so all see the same machine load. Rate: N concurrent clients for D seconds.
+Writes benchmarks/results/gateway.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks.common import percentile, write_results
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_up() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), timeout=0.3):
+            return True
+    except OSError:
+        return False
+
+
+def wait_http(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def prepare_database(env: dict[str, str], model: str) -> str:
+    """Migrate a fresh database, price the model, create an unlimited bench tenant; returns its key."""
+    script = (
+        "import django, datetime, decimal; django.setup();"
+        "from django.core.management import call_command; call_command('migrate', verbosity=0);"
+        "from billing.services.prices import price_create; D = decimal.Decimal;"
+        f"price_create(model={model!r}, input_per_mtok=D('0.10'), cached_input_per_mtok=D('0.05'),"
+        " output_per_mtok=D('0.40'), effective_from=datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC));"
+        "from tenants import services;"
+        "tier = services.tier_create(name='bench', priority=0);"
+        "tenant, created = services.tenant_create_with_key(name='Bench', tier=tier);"
+        "print(created.secret)"
+    )
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, check=True, capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+_bare_client: httpx.AsyncClient | None = None
+
+
+async def bare_proxy(scope, receive, send):
+    """Reference point: the least an HTTP hop in Python costs here (uvicorn + httpx, no auth,
+    limits, routing or metering). Served as `uvicorn benchmarks.gateway:bare_proxy`."""
+    global _bare_client
+    if scope["type"] != "http":
+        message = await receive()
+        await send({"type": message["type"] + ".complete"})
+        return
+    if _bare_client is None:
+        _bare_client = httpx.AsyncClient(base_url=os.environ["BARE_UPSTREAM"], trust_env=False)
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    incoming = dict(scope["headers"])
+    headers = {"content-type": "application/json"}
+    if b"authorization" in incoming:
+        headers["authorization"] = incoming[b"authorization"].decode()
+    r = await _bare_client.request(scope["method"], scope["path"], content=body, headers=headers)
+    await send({"type": "http.response.start", "status": r.status_code,
+                "headers": [(b"content-type", r.headers.get("content-type", "application/json").encode())]})
+    await send({"type": "http.response.body", "body": r.content})
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc): a load-independent cost measure."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+PATHS = ("direct", "inline", "queue", "bare")
+
+
+def latency(urls: dict[str, str], headers: dict[str, dict], model: str, n: int) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 1}
+    samples: dict[str, list[float]] = {name: [] for name in urls}
+    clients = {name: httpx.Client(timeout=30) for name in urls}
+    try:
+        for i in range(n + 50):
+            for name, url in urls.items():
+                t0 = time.perf_counter()
+                r = clients[name].post(f"{url}/v1/chat/completions", json=body, headers=headers[name])
+                elapsed = (time.perf_counter() - t0) * 1000
+                if r.status_code != 200:
+                    raise RuntimeError(f"{name}: {r.status_code} {r.text[:200]}")
+                if i >= 50:  # warm-up excluded
+                    samples[name].append(elapsed)
+    finally:
+        for client in clients.values():
+            client.close()
+    out = {name: {"p50_ms": percentile(v, 50), "p99_ms": percentile(v, 99), "n": len(v)} for name, v in samples.items()}
+    for name in urls:
+        if name != "direct":
+            out[name]["added_p50_ms"] = out[name]["p50_ms"] - out["direct"]["p50_ms"]
+            out[name]["added_p99_ms"] = out[name]["p99_ms"] - out["direct"]["p99_ms"]
+    return out
+
+
+async def _rate(url: str, headers: dict, model: str, concurrency: int, seconds: float) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 1}
+    done, errors = 0, 0
+    statuses: dict[str, int] = {}
+    stop = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+
+        async def loop():
+            nonlocal done, errors
+            while time.perf_counter() < stop:
+                r = await client.post(f"{url}/v1/chat/completions", json=body, headers=headers)
+                if r.status_code == 200:
+                    done += 1
+                else:
+                    errors += 1
+                    statuses[str(r.status_code)] = statuses.get(str(r.status_code), 0) + 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(loop() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - t0
+    return {"requests_per_s": done / elapsed, "errors": errors, "error_statuses": statuses,
+            "concurrency": concurrency, "seconds": elapsed}
+
+
+def start_gateway(usage_queue: str, upstream: str, args, tmp: str, procs: list) -> tuple[str, str, dict, int]:
+    """A gateway process (and its consumer for the queue); returns (url, key, env, pid)."""
+    limiter = "redis" if redis_up() else "database"
+    if usage_queue == "redis" and limiter != "redis":
+        raise SystemExit("the Redis usage queue needs Redis on 127.0.0.1:6379")
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings.base",
+        "TESSERA_VAR_DIR": tmp,
+        "DATABASE_URL": f"sqlite:///{tmp}/{usage_queue}.sqlite3",
+        "TESSERA_WORKERS": upstream,
+        "TESSERA_WORKER_TOKEN": args.worker_token,
+        "TESSERA_LIMITER": limiter,
+        "TESSERA_USAGE_QUEUE": usage_queue,
+        "REDIS_URL": "redis://127.0.0.1:6379/0" if limiter == "redis" else "",
+        "TESSERA_REDIS_PREFIX": f"tsrbench{os.getpid()}{usage_queue}",
+        "TESSERA_LOG_LEVEL": "WARNING",
+    }
+    key = prepare_database(env, args.model)
+    port = free_port()
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+         "--no-access-log", "--log-level", "warning"], cwd=ROOT, env=env)
+    procs.append(gateway)
+    if usage_queue == "redis":
+        procs.append(subprocess.Popen([sys.executable, "manage.py", "usage_consume"], cwd=ROOT, env=env,
+                                      stdout=subprocess.DEVNULL))
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/v1/models")
+    return url, key, env, gateway.pid
+
+
+def ledger_rows(env: dict) -> int:
+    out = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup(); from billing.models import UsageRecord; "
+         "print(UsageRecord.objects.count())"], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker-url", help="a running worker (default: start the fake upstream)")
+    parser.add_argument("--worker-token", default=os.environ.get("TESSERA_WORKER_TOKEN", ""))
+    parser.add_argument("--model", default="fake-model")
+    parser.add_argument("--requests", type=int, default=500, help="latency samples per path")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--name", default="gateway", help="results file stem under benchmarks/results/")
+    args = parser.parse_args()
+
+    procs: list[subprocess.Popen] = []
+    tmp = tempfile.mkdtemp(prefix="tessera-bench-")
+    load_before = os.getloadavg()[0]
+    try:
+        if args.worker_url:
+            upstream, upstream_kind = args.worker_url.rstrip("/"), "real worker (dataplane.worker)"
+        else:
+            port = free_port()
+            procs.append(subprocess.Popen([sys.executable, "-m", "tests.controlplane.fake_worker", "--port", str(port)],
+                                          cwd=ROOT))
+            upstream = f"http://127.0.0.1:{port}"
+            upstream_kind = "fake upstream (tests/controlplane/fake_worker.py), not a real model"
+        wait_http(f"{upstream}/health")
+        inline_url, inline_key, inline_env, inline_pid = start_gateway("inline", upstream, args, tmp, procs)
+        queue_url, queue_key, queue_env, queue_pid = start_gateway("redis", upstream, args, tmp, procs)
+        bare_port = free_port()
+        bare = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "benchmarks.gateway:bare_proxy", "--host", "127.0.0.1", "--port",
+             str(bare_port), "--no-access-log", "--log-level", "warning"], cwd=ROOT,
+            env={**os.environ, "BARE_UPSTREAM": upstream})
+        procs.append(bare)
+        bare_url = f"http://127.0.0.1:{bare_port}"
+        wait_http(f"{bare_url}/v1/models")
+
+        worker_headers = {"Authorization": f"Bearer {args.worker_token}"} if args.worker_token else {}
+        urls = {"direct": upstream, "inline": inline_url, "queue": queue_url, "bare": bare_url}
+        headers = {"direct": worker_headers, "inline": {"Authorization": f"Bearer {inline_key}"},
+                   "queue": {"Authorization": f"Bearer {queue_key}"}, "bare": worker_headers}
+        pids = {"inline": inline_pid, "queue": queue_pid, "bare": bare.pid}
+        cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        lat = latency(urls, headers, args.model, args.requests)
+        cpu = {name: (cpu_seconds(pid) - cpu0[name]) / (args.requests + 50) * 1000 for name, pid in pids.items()}
+        rate = {name: asyncio.run(_rate(urls[name], headers[name], args.model, args.concurrency, args.seconds))
+                for name in PATHS}
+        time.sleep(1.0)  # let the consumer catch up before counting the ledger
+        rows_written = {"inline": ledger_rows(inline_env), "queue": ledger_rows(queue_env)}
+        limiter = inline_env["TESSERA_LIMITER"]
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    data = {
+        "upstream": upstream_kind, "model": args.model, "limiter": limiter, "database": "sqlite",
+        "gateway_processes": 1, "cpus": os.cpu_count(), "latency": lat, "gateway_cpu_ms_per_request": cpu,
+        "rate": rate, "ledger_rows": rows_written, "targets": {"added_p50_ms": 3.0, "added_p99_ms": 10.0},
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"), "load_average_1m": [load_before, os.getloadavg()[0]],
+    }
+    labels = {"direct": "direct to the upstream", "inline": "gateway, ledger written inline (default)",
+              "queue": "gateway, Redis usage queue + usage_consume", "bare": "bare uvicorn+httpx proxy (floor)"}
+
+    def cell(name: str, key: str) -> str:
+        value = lat[name].get(key)
+        return "" if value is None else f"{value:.2f}"
+
+    rows = [
+        f"| {labels[n]} | {cell(n, 'p50_ms')} | {cell(n, 'p99_ms')} | {cell(n, 'added_p50_ms')} | "
+        f"{cell(n, 'added_p99_ms')} | {cpu[n]:.2f} |" if n in cpu else
+        f"| {labels[n]} | {cell(n, 'p50_ms')} | {cell(n, 'p99_ms')} | {cell(n, 'added_p50_ms')} | "
+        f"{cell(n, 'added_p99_ms')} | |"
+        for n in PATHS
+    ]
+    rate_rows = [f"| {labels[n]} | {rate[n]['requests_per_s']:.0f} | {rate[n]['errors']} {rate[n]['error_statuses'] or ''} |"
+                 for n in PATHS]
+    table = "\n".join([
+        "# Gateway overhead",
+        "",
+        f"Upstream: {upstream_kind}; model `{args.model}`, `max_tokens=1`. Each gateway is one uvicorn process "
+        f"({limiter} limiter, SQLite, billing's real ledger ingest, API-key auth on every request). "
+        f"{os.cpu_count()} CPUs shared by the load generator, the gateways, the upstream and the ledger writers "
+        f"(and by other work: 1-minute load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after). "
+        "Compare each gateway with the bare proxy measured in the same interleaved run.",
+        "",
+        "| path | p50 (ms) | p99 (ms) | added p50 (ms) | added p99 (ms) | proxy CPU/request (ms) |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"Targets: added p50 ≤ 3 ms, added p99 ≤ 10 ms. {args.requests} sequential keep-alive requests per path after "
+        "50 warm-up, the paths interleaved request by request.",
+        "",
+        f"| path | authenticated requests/s ({args.concurrency} concurrent clients, {args.seconds:.0f} s) | errors |",
+        "|---|---|---|",
+        *rate_rows,
+        "",
+        f"Ledger rows written: inline {rows_written['inline']}, queue {rows_written['queue']} "
+        "(every served request exactly once). Command: `python -m benchmarks.gateway`.",
+    ])
+    write_results(args.name, data, table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""ASGI entry point: `uvicorn controlplane.asgi:application`.
+
+/v1/ (the OpenAI-compatible gateway) goes to a lean handler without middleware; everything else
+(admin, management API) to Django's standard handler. This wrapper also answers ASGI lifespan events (which Django does not) so that a
+shutting-down gateway first finishes its pending usage accounting and closes its worker pool.
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings.base")
+
+django_application = get_asgi_application()  # sets Django up
+
+from controlplane.gateway.handler import GatewayHandler  # noqa: E402  (needs Django set up)
+
+gateway_application = GatewayHandler()
+
+
+async def _shutdown() -> None:
+    from controlplane.gateway import accounting, upstream
+    from controlplane.gateway.workers import get_registry
+
+    await get_registry().stop()
+    await accounting.drain()
+    await upstream.close()
+
+
+async def application(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                try:
+                    await _shutdown()
+                finally:
+                    await send({"type": "lifespan.shutdown.complete"})
+                return
+    elif scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        await gateway_application(scope, receive, send)  # the hot path: see gateway/handler.py
+    else:
+        await django_application(scope, receive, send)

@@ -1,0 +1,241 @@
+"""After a request: settle its reservation and emit its one usage event, off the response path.
+
+`Meter.finish` is idempotent and schedules the work as a background task, so neither the last
+byte of a response nor a client disconnect waits on Redis or the database. The usage sink
+(billing's `usage_record_ingest`) is idempotent on the request id; usage_writer.py batches the
+writes on one thread and retries failures, which can never bill twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import importlib
+import logging
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+from billing.events import UsageEvent
+from controlplane.asyncdb import db_call
+from controlplane.slo import metrics as slo_metrics
+from tenants.auth import KeyPrincipal
+from tenants.limits import LimitPlan, Settlement, get_limiter
+from tenants.limits.base import to_nano
+
+from . import usage_queue, usage_writer
+from .workers import ModelTarget
+
+log = logging.getLogger("tessera.gateway")
+
+_pending: set[asyncio.Task] = set()
+
+
+def spawn(coro) -> asyncio.Task:
+    task = asyncio.get_running_loop().create_task(coro)
+    _pending.add(task)
+    task.add_done_callback(_pending.discard)
+    return task
+
+
+async def drain() -> None:
+    """Wait for this loop's accounting tasks (tests, and the ASGI shutdown)."""
+    loop = asyncio.get_running_loop()
+    while mine := [t for t in _pending if t.get_loop() is loop and not t.done()]:
+        await asyncio.gather(*mine, return_exceptions=True)
+
+
+# --- the billing contract (billing/selectors.py, issue 6) -------------------------------------------
+
+
+def billing_selector(name: str):
+    try:
+        return getattr(importlib.import_module("billing.selectors"), name)
+    except (ImportError, AttributeError) as exc:
+        raise ImportError(
+            f"Spend budgets need billing.selectors.{name} (the price book and usage ledger of issue 6), "
+            f"which is not available: {exc}"
+        ) from exc
+
+
+MTOK = 1_000_000
+RATE_CACHE_SECONDS = 60.0
+_rates: dict[tuple, tuple[float, Decimal, Decimal]] = {}
+
+
+def _rates_per_mtok(*, target: ModelTarget, tier: str, at) -> tuple[Decimal, Decimal]:
+    estimate = billing_selector("price_estimate")
+    kwargs = dict(model=target.base, adapter=target.adapter, tier=tier, at=at)
+    return (
+        Decimal(estimate(prompt_tokens=MTOK, completion_tokens=0, **kwargs)),
+        Decimal(estimate(prompt_tokens=0, completion_tokens=MTOK, **kwargs)),
+    )
+
+
+async def price_nano(*, target: ModelTarget, tier: str, prompt_tokens: int, completion_tokens: int, at) -> int:
+    """billing.selectors.price_estimate, without a database query per request: its estimate is
+    linear in the token counts (exact per-Mtok rates), so the two rates are cached per model,
+    adapter and tier for RATE_CACHE_SECONDS (a price change reaches reservations that much later;
+    the ledger prices every request itself at write time)."""
+    key = (target.base, target.adapter, tier)
+    cached = _rates.get(key)
+    if cached is None or cached[0] < time.monotonic():
+        prompt_rate, completion_rate = await db_call(_rates_per_mtok, target=target, tier=tier, at=at)
+        cached = (time.monotonic() + RATE_CACHE_SECONDS, prompt_rate, completion_rate)
+        _rates[key] = cached
+    _, prompt_rate, completion_rate = cached
+    return to_nano((prompt_rate * prompt_tokens + completion_rate * completion_tokens) / MTOK)
+
+
+def _spend_so_far(tenant_id: int, start: dt.datetime, end: dt.datetime) -> Decimal:
+    from tenants.models import Tenant
+
+    tenant = Tenant.objects.get(pk=tenant_id)
+    return Decimal(billing_selector("tenant_spend")(tenant=tenant, start=start, end=end))
+
+
+async def spend_seed_nano(tenant_id: int, period: dt.date) -> int:
+    start = dt.datetime(period.year, period.month, 1, tzinfo=dt.UTC)
+    return to_nano(await db_call(_spend_so_far, tenant_id, start, dt.datetime.now(dt.UTC)))
+
+
+# --- the meter ----------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Meter:
+    request_id: str
+    principal: KeyPrincipal
+    target: ModelTarget
+    plan: LimitPlan
+    period: dt.date
+    created_at: dt.datetime
+    started: float  # perf_counter at arrival
+    finished: bool = field(default=False)
+    logs_content: bool = field(default=False)  # this request was sampled for content logs (operator opt-in)
+
+    def finish(
+        self,
+        *,
+        status: str,
+        prompt_tokens: int = 0,
+        cached_tokens: int = 0,
+        completion_tokens: int = 0,
+        ttft_ms: float | None = None,
+        http_status: int | None = None,
+        itl_ms: float | None = None,
+    ) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        latency_ms = (time.perf_counter() - self.started) * 1000
+        event = UsageEvent(
+            request_id=self.request_id,
+            tenant_id=self.principal.tenant_id,
+            api_key_id=self.principal.key_id,
+            model=self.target.base,
+            adapter=self.target.adapter,
+            tier=self.principal.limits.tier,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens,
+            completion_tokens=completion_tokens,
+            ttft_ms=ttft_ms,
+            latency_ms=latency_ms,
+            status=status,
+            created_at=self.created_at,
+            http_status=http_status,
+            itl_ms=itl_ms,
+        )
+        limits = self.principal.limits
+        slo_metrics.observe_request(
+            tier=limits.tier, model=self.target.name, http_status=http_status,
+            platform_failed=status == "error" and (http_status is None or http_status >= 500),
+            latency_s=latency_ms / 1000, ttft_ms=ttft_ms, itl_ms=itl_ms,
+            ttft_target_ms=limits.slo_ttft_p95_ms, itl_target_ms=limits.slo_itl_p95_ms,
+        )
+        spawn(self._account(event))
+
+    async def _account(self, event: UsageEvent) -> None:
+        actual_tokens = event.prompt_tokens + event.completion_tokens
+        actual_spend = 0
+        if self.plan.spend_nano:
+            try:
+                actual_spend = await price_nano(
+                    target=self.target, tier=event.tier, prompt_tokens=event.prompt_tokens,
+                    completion_tokens=event.completion_tokens, at=event.created_at,
+                )
+            except Exception:
+                log.exception("price estimate failed; keeping the reserved spend", extra={"request_id": self.request_id})
+                actual_spend = self.plan.spend_nano
+        try:
+            await get_limiter().settle(
+                Settlement(
+                    self.principal.tenant_id, self.request_id, self.principal.limits, self.period,
+                    self.plan.tokens, actual_tokens, self.plan.spend_nano, actual_spend,
+                )
+            )
+        except Exception:
+            # The reservation then stays charged (conservative) and its concurrency slot expires.
+            log.exception("settle failed", extra={"request_id": self.request_id})
+        await record_usage(event)
+        log.info(
+            "request finished",
+            extra={
+                "request_id": event.request_id, "tenant": self.principal.tenant_slug, "key": self.principal.key_prefix,
+                "model": event.model, "adapter": event.adapter, "status": event.status,
+                "prompt_tokens": event.prompt_tokens, "cached_tokens": event.cached_tokens,
+                "completion_tokens": event.completion_tokens, "ttft_ms": event.ttft_ms,
+                "latency_ms": round(event.latency_ms, 2), "http_status": event.http_status, "itl_ms": event.itl_ms,
+                "tier": event.tier,
+            },
+        )
+
+
+async def record_usage(event: UsageEvent) -> None:
+    try:
+        sink = import_string(settings.TESSERA_USAGE_SINK)
+    except ImportError as exc:
+        log.error(
+            "usage sink %s is not available (billing, issue 6): usage event NOT recorded",
+            settings.TESSERA_USAGE_SINK, extra={"request_id": event.request_id, "event": repr(event), "error": str(exc)},
+        )
+        return
+    if asyncio.iscoroutinefunction(sink):
+        try:
+            await sink(event=event)
+        except Exception:
+            log.exception("usage event NOT recorded", extra={"request_id": event.request_id, "event": repr(event)})
+        return
+    if settings.TESSERA_USAGE_QUEUE == "redis":
+        try:
+            await usage_queue.push(event)
+            return
+        except Exception:  # Redis unavailable: write it ourselves rather than lose it
+            log.warning("usage queue unavailable; writing inline", exc_info=True, extra={"request_id": event.request_id})
+    await usage_writer.writer_for(sink).submit(event)
+
+
+# --- last use of keys: at most one write per key per minute, per process ----------------------------
+
+TOUCH_EVERY = 60.0
+_last_touch: dict[int, float] = {}
+
+
+def note_key_used(key_id: int) -> None:
+    now = time.monotonic()
+    if now - _last_touch.get(key_id, -TOUCH_EVERY) < TOUCH_EVERY:
+        return
+    _last_touch[key_id] = now
+    spawn(_touch(key_id, dt.datetime.now(dt.UTC)))
+
+
+async def _touch(key_id: int, at: dt.datetime) -> None:
+    from tenants.services import api_keys_touch
+
+    try:
+        await db_call(api_keys_touch, used={key_id: at})
+    except Exception:
+        log.warning("could not record key use", exc_info=True, extra={"key_id": key_id})

@@ -1,0 +1,299 @@
+"""One request through the gateway: auth → limits → route → stream → meter.
+
+Every response carries `x-request-id` (gateway-assigned: a client cannot pick the id billing
+deduplicates on). Once a reservation is made, exactly one `Meter.finish` follows on every path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+import uuid
+import weakref
+
+import httpx
+import orjson
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+
+from controlplane.errors import ApplicationError
+from controlplane.slo import content_log
+from controlplane.slo import metrics as slo_metrics
+from tenants import auth
+from tenants.auth import KeyPrincipal
+from tenants.limits import LimitPlan, get_limiter, period_start
+
+from . import accounting, admission, parsing, upstream
+from .accounting import Meter
+from .responses import error_response, ratelimit_headers, refusal
+from .sse import StreamMeter, usage_counts
+from .workers import ModelTarget, Worker, get_registry, visible_to
+
+log = logging.getLogger("tessera.gateway")
+
+MAX_ATTEMPTS = 3  # workers tried when a connection fails before the first byte
+RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.PoolTimeout)
+PASS_HEADERS = ("content-type",)
+
+
+def new_request_id() -> str:
+    return f"req_{uuid.uuid4().hex}"
+
+
+async def authenticate(request: HttpRequest) -> KeyPrincipal:
+    secret = auth.bearer_secret(request.headers.get("Authorization"))
+    if not auth.looks_like_key(secret):
+        raise auth.invalid_key()
+    hit, principal = auth.cached_lookup(secret)
+    if not hit:
+        from controlplane.asyncdb import db_call
+
+        principal = await db_call(auth.lookup, secret)
+    principal = auth.check(principal)
+    accounting.note_key_used(principal.key_id)
+    return principal
+
+
+def authorize(principal: KeyPrincipal, target: ModelTarget) -> None:
+    if not visible_to(target, principal.tenant_id):  # another tenant's adapter: as if it did not exist
+        raise ApplicationError(
+            f"The model `{target.name}` does not exist or you do not have access to it.",
+            code="model_not_found", status=404, param="model",
+        )
+    if not principal.may_use(target.base, target.adapter):
+        raise ApplicationError(
+            f"This API key may not use the model `{target.name}`.", code="model_not_allowed", status=403,
+            param="model",
+        )
+
+
+async def reserve(principal: KeyPrincipal, parsed: parsing.ParsedRequest, target: ModelTarget, request_id: str):
+    spend = 0
+    if principal.limits.monthly_spend_budget is not None:
+        try:
+            spend = await accounting.price_nano(
+                target=target, tier=principal.limits.tier, prompt_tokens=parsed.prompt_estimate,
+                completion_tokens=parsed.max_completion * parsed.n, at=dt.datetime.now(dt.UTC),
+            )
+        except ImportError as exc:
+            log.error("cannot enforce a spend budget: %s", exc, extra={"request_id": request_id})
+            raise ApplicationError(
+                "Spend budgets cannot be enforced right now (billing is not available).",
+                code="billing_unavailable", status=503,
+            ) from exc
+    plan = LimitPlan(principal.tenant_id, request_id, principal.limits, parsed.reserve_tokens, spend)
+    limiter = get_limiter()
+    period = period_start()
+    decision = await limiter.reserve(plan)
+    if decision is None:  # first request of the month under a spend budget: seed from the ledger
+        try:
+            seed = await accounting.spend_seed_nano(principal.tenant_id, period)
+        except ImportError as exc:
+            raise ApplicationError(
+                "Spend budgets cannot be enforced right now (billing is not available).",
+                code="billing_unavailable", status=503,
+            ) from exc
+        decision = await limiter.reserve(plan, spend_seed_nano=seed)
+    if not decision.allowed:
+        raise refusal(decision, principal.tenant_slug, plan.tokens)
+    return plan, period, decision
+
+
+async def open_upstream(
+    request: HttpRequest, parsed: parsing.ParsedRequest, principal: KeyPrincipal, request_id: str
+) -> tuple[Worker, httpx.Response]:
+    """Send to the best worker; on a connection failure before the first byte, try another."""
+    registry = get_registry()
+    key = parsing.affinity_key(parsed, principal.cache_salt)
+    body = parsing.upstream_body(request.body, parsed)
+    path = "/v1/chat/completions" if parsed.kind == "chat" else "/v1/completions"
+    headers = {
+        "Content-Type": "application/json",
+        "X-Request-Id": request_id,
+        "X-Tenant-Id": principal.tenant_slug,
+        "X-Priority": str(principal.limits.priority),
+        "X-Cache-Salt": principal.cache_salt,
+        **upstream.worker_auth_headers(),
+    }
+    client = upstream.client()
+    tried: set[str] = set()
+    last_error: Exception | None = None
+    for _ in range(MAX_ATTEMPTS):
+        worker = registry.pick(parsed.model, key, exclude=tried)
+        if worker is None:
+            break
+        tried.add(worker.url)
+        worker.outstanding += 1
+        try:
+            req = client.build_request("POST", worker.url + path, content=body, headers=headers)
+            response = await client.send(req, stream=True)
+        except RETRYABLE as exc:
+            worker.outstanding -= 1
+            worker.mark_failed()
+            last_error = exc
+            log.warning("worker failed before first byte; retrying", extra={"request_id": request_id, "worker": worker.url, "error": repr(exc)})
+            continue
+        except BaseException:
+            worker.outstanding -= 1
+            raise
+        if response.status_code == 503 and len(tried) < MAX_ATTEMPTS:  # worker not ready: try another
+            await response.aclose()
+            worker.outstanding -= 1
+            worker.ready = False
+            continue
+        return worker, response
+    if last_error is not None:
+        raise ApplicationError("No worker could be reached for this request.", code="upstream_unavailable", status=502)
+    raise ApplicationError(
+        f"No ready worker serves `{parsed.model}` right now. Please retry shortly.",
+        code="model_unavailable", status=503, headers={"Retry-After": "1"},
+    )
+
+
+async def handle(request: HttpRequest, kind: str) -> HttpResponse:
+    request_id = new_request_id()
+    started = time.perf_counter()
+    created_at = dt.datetime.now(dt.UTC)
+    extra_headers: dict[str, str] = {}
+    meter: Meter | None = None
+    tier = ""
+    try:
+        principal = await authenticate(request)
+        parsed = parsing.parse(request.body, kind)
+        registry = get_registry()
+        await registry.ensure_polling()
+        target = registry.resolve(parsed.model)
+        authorize(principal, target)
+        tier = principal.limits.tier
+        admission.check(registry, parsed.model, principal.limits.priority)  # overload: lowest tiers first
+        plan, period, decision = await reserve(principal, parsed, target, request_id)
+        extra_headers = ratelimit_headers(decision)
+        meter = Meter(request_id, principal, target, plan, period, created_at, started)
+        meter.logs_content = content_log.request(principal, request_id, request.body)
+        worker, response = await open_upstream(request, parsed, principal, request_id)
+    except ApplicationError as exc:
+        if meter is not None:
+            meter.finish(status="error", http_status=exc.status)
+        elif tier and exc.status == 429:
+            slo_metrics.observe_rejection(tier=tier, reason=slo_metrics.rejection_reason(exc.code, exc.type))
+        return error_response(exc, request_id, extra_headers)
+    except Exception:
+        if meter is not None:
+            meter.finish(status="error", http_status=500)
+        log.exception("gateway error", extra={"request_id": request_id})
+        error = ApplicationError("The gateway had an internal error.", code="internal_error", status=500)
+        return error_response(error, request_id, extra_headers)
+    except BaseException:
+        if meter is not None:
+            meter.finish(status="partial", http_status=499)  # cancelled (client gone) or a bug: release what was reserved
+        raise
+    if parsed.stream and response.status_code == 200:
+        return _streaming(response, worker, parsed, meter, request_id, extra_headers)
+    return await _buffered(response, worker, parsed, meter, request_id, extra_headers)
+
+
+def _finish_response(response: HttpResponse, upstream_response: httpx.Response, request_id: str, headers: dict) -> HttpResponse:
+    for name in PASS_HEADERS:
+        if name in upstream_response.headers:
+            response[name] = upstream_response.headers[name]
+    for name, value in headers.items():
+        response[name] = value
+    response["x-request-id"] = request_id
+    return response
+
+
+async def _buffered(upstream_response, worker, parsed, meter: Meter, request_id: str, headers: dict) -> HttpResponse:
+    status = "error"
+    http_status: int | None = upstream_response.status_code
+    counts = None
+    try:
+        content = await upstream_response.aread()
+        if upstream_response.status_code == 200:
+            try:
+                counts = usage_counts(orjson.loads(content).get("usage"))
+            except (ValueError, AttributeError):
+                counts = None
+            status = "ok"
+    except BaseException:
+        status, http_status = "partial", 499
+        raise
+    finally:
+        worker.outstanding -= 1
+        await _close_quietly(upstream_response)
+        # Without a usage object (an error, or the client left before the body came): nothing delivered.
+        prompt, cached, completion = counts or (0, 0, 0)
+        latency = (time.perf_counter() - meter.started) * 1000
+        meter.finish(
+            status=status, prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion,
+            ttft_ms=latency if completion else None, http_status=http_status,
+        )
+        if counts is not None and meter.logs_content:
+            content_log.completion(meter.principal, request_id, content)
+    return _finish_response(HttpResponse(content, status=upstream_response.status_code), upstream_response, request_id, headers)
+
+
+def _streaming(upstream_response, worker, parsed, meter: Meter, request_id: str, headers: dict) -> StreamingHttpResponse:
+    stream = StreamMeter(kind=parsed.kind, strip_usage=not parsed.wants_usage, keep_text=meter.logs_content)
+    state = {"closed": False, "completed": False, "broken": False}
+
+    async def close() -> None:
+        if state["closed"]:
+            return
+        state["closed"] = True
+        worker.outstanding -= 1
+        # Closing the upstream response drops the worker connection, which cancels the request there.
+        await _close_quietly(upstream_response)
+        counts = usage_counts(stream.usage)
+        ok = state["completed"] and stream.done and stream.error is None
+        if counts is not None and ok:
+            prompt, cached, completion = counts
+        else:  # partial: bill what was actually delivered (the prompt only once a token came out)
+            delivered = stream.delivered_tokens
+            prompt = counts[0] if counts else (parsed.prompt_estimate if delivered else 0)
+            cached = counts[1] if counts else 0
+            completion = delivered
+        ttft = (stream.first_token_at - meter.started) * 1000 if stream.first_token_at else None
+        status = "ok" if ok else ("error" if stream.error is not None else "partial")
+        # What the client got: a stream that broke (in-band error, worker gone) is the platform's failure.
+        http_status = 200 if ok else (500 if stream.error is not None or state["broken"] else 499)
+        meter.finish(status="error" if state["broken"] else status, prompt_tokens=prompt, cached_tokens=cached,
+                     completion_tokens=completion, ttft_ms=ttft, http_status=http_status, itl_ms=stream.mean_itl_ms())
+        if stream.text is not None:
+            content_log.completion(meter.principal, request_id, "".join(stream.text))
+
+    async def relay():
+        try:
+            async for chunk in upstream_response.aiter_raw():
+                out = stream.feed(chunk)
+                if out:
+                    yield out
+            rest = stream.flush()
+            if rest:
+                yield rest
+            state["completed"] = True
+        except httpx.HTTPError as exc:  # the worker went away mid-stream: tell the client, in-band
+            state["broken"] = True
+            log.warning("upstream stream broke", extra={"request_id": request_id, "error": repr(exc)})
+            yield b'data: {"error": {"message": "The upstream worker failed mid-stream.", "type": "server_error", "code": "upstream_error"}}\n\n'
+        finally:
+            await close()
+
+    body = relay()
+    # A generator that is never started (client gone between the view and the first byte) never
+    # runs its finally: release the reservation and the connection when it is collected instead.
+    loop = asyncio.get_running_loop()
+    weakref.finalize(body, lambda: loop.is_closed() or loop.call_soon_threadsafe(lambda: accounting.spawn(close())))
+    response = StreamingHttpResponse(body, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return _finish_response(response, upstream_response, request_id, headers)
+
+
+async def _close_quietly(response: httpx.Response) -> None:
+    if response.is_closed:
+        return
+    try:
+        await response.aclose()
+    except BaseException:  # noqa: BLE001  (cancelled or already broken: nothing more to do)
+        pass

@@ -1,0 +1,180 @@
+"""Which workers exist, which are ready, what they serve, and which one gets the next request.
+
+Workers come from the deployments registry (controlplane/deployments/routing.py: ready replicas
+on ready workers, read from the database), or, when TESSERA_WORKERS is set, from that static list
+of base URLs: then each gateway process polls every worker's /ready and /v1/models in the
+background; a model card with a `parent` is a LoRA adapter of that parent (vLLM's convention).
+
+Routing: among ready workers serving the model, take those within AFFINITY_SLACK outstanding
+requests of the least loaded, then pick by rendezvous hashing on the prefix key (the tenant's cache
+salt + system prompt / first message), so a repeated prefix keeps landing where its KV is cached
+while load stays balanced. "Outstanding" is this process's own count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import httpx
+from django.conf import settings
+
+from controlplane.errors import ApplicationError
+
+from . import upstream
+
+log = logging.getLogger("tessera.gateway")
+
+AFFINITY_SLACK = 2  # how many more outstanding requests than the least-loaded worker affinity may cost
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTarget:
+    name: str  # the id the client asked for (and the worker serves)
+    base: str  # base model name
+    adapter: str | None  # adapter name, None for the base model
+
+
+@dataclass(slots=True)
+class Worker:
+    url: str
+    ready: bool = False
+    models: dict[str, ModelTarget] = field(default_factory=dict)
+    outstanding: int = 0
+    polled_at: float = 0.0  # monotonic; 0 = never
+    failures: int = 0
+    cards: list[dict] = field(default_factory=list)  # the worker's model cards as it returned them
+    waiting: int = 0  # the engine's waiting queue at the last poll (/ready's body)
+    seats: int = 0  # the engine's max_num_seqs (0 = unknown); in-flight beyond it are queued
+
+    def mark_failed(self) -> None:
+        self.ready = False
+        self.failures += 1
+
+
+class Registry:
+    def __init__(self, urls: list[str]) -> None:
+        self.workers = [Worker(url.rstrip("/")) for url in urls]
+        self._poller: asyncio.Task | None = None
+        self._poller_loop: asyncio.AbstractEventLoop | None = None
+        self._refresh_lock: asyncio.Lock | None = None
+
+    # --- polling ----------------------------------------------------------------------------------
+
+    async def poll_worker(self, worker: Worker) -> None:
+        client = upstream.client()
+        headers = upstream.worker_auth_headers()
+        try:
+            ready = await client.get(f"{worker.url}/ready", headers=headers, timeout=2.0)
+            models = await client.get(f"{worker.url}/v1/models", headers=headers, timeout=2.0)
+            models.raise_for_status()
+            cards = models.json().get("data", [])
+        except (httpx.HTTPError, ValueError) as exc:
+            if worker.ready or worker.polled_at == 0:
+                log.warning("worker unreachable", extra={"worker": worker.url, "error": repr(exc)})
+            worker.mark_failed()
+            worker.polled_at = time.monotonic()
+            return
+        targets: dict[str, ModelTarget] = {}
+        for card in cards:
+            name = card.get("id")
+            if not name:
+                continue
+            parent = card.get("parent")
+            targets[name] = ModelTarget(name, parent or name, name if parent else None)
+        worker.models, worker.cards = targets, cards
+        try:  # load figures (admission.py); an older worker's /ready has none
+            load = ready.json()
+            worker.waiting = int(load.get("waiting") or 0)
+            worker.seats = int(load.get("max_num_seqs") or 0)
+        except (ValueError, TypeError, AttributeError):
+            worker.waiting = 0
+        worker.ready = ready.status_code == 200
+        worker.failures = 0 if worker.ready else worker.failures + 1
+        worker.polled_at = time.monotonic()
+
+    async def refresh(self) -> None:
+        await asyncio.gather(*(self.poll_worker(w) for w in self.workers))
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(settings.TESSERA_WORKER_POLL_SECONDS)
+            try:
+                await self.refresh()
+            except Exception:  # never let the poller die
+                log.exception("worker poll failed")
+
+    async def ensure_polling(self) -> None:
+        """First use in an event loop: poll once now, then keep polling in the background."""
+        loop = asyncio.get_running_loop()
+        if self._poller_loop is loop and self._poller is not None and not self._poller.done():
+            return
+        if self._refresh_lock is None or self._poller_loop is not loop:
+            self._refresh_lock = asyncio.Lock()
+            self._poller_loop = loop
+            self._poller = None
+        async with self._refresh_lock:
+            if self._poller is None or self._poller.done():
+                await self.refresh()
+                self._poller = loop.create_task(self._poll_forever())
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            self._poller = None
+
+    # --- lookup and routing -----------------------------------------------------------------------
+
+    def known_models(self) -> dict[str, ModelTarget]:
+        seen: dict[str, ModelTarget] = {}
+        for worker in self.workers:
+            seen.update(worker.models)
+        return seen
+
+    def resolve(self, name: str) -> ModelTarget:
+        target = self.known_models().get(name)
+        if target is None:
+            raise ApplicationError(
+                f"The model `{name}` does not exist or you do not have access to it.",
+                code="model_not_found", status=404, param="model",
+            )
+        return target
+
+    def candidates(self, name: str, exclude: set[str] = frozenset()) -> list[Worker]:
+        return [w for w in self.workers if w.ready and name in w.models and w.url not in exclude]
+
+    def pick(self, name: str, affinity_key: bytes, exclude: set[str] = frozenset()) -> Worker | None:
+        ready = self.candidates(name, exclude)
+        if not ready:
+            return None
+        least = min(w.outstanding for w in ready)
+        balanced = [w for w in ready if w.outstanding <= least + AFFINITY_SLACK]
+        return max(balanced, key=lambda w: hashlib.blake2b(affinity_key + w.url.encode(), digest_size=8).digest())
+
+
+_registry: tuple[str, Registry] | None = None
+
+
+def get_registry() -> Registry:
+    """The process's registry: the static TESSERA_WORKERS list when set, else the deployments
+    registry (ready workers and replicas from the database; rebuilt if the setting changes)."""
+    global _registry
+    configured = settings.TESSERA_WORKERS
+    if _registry is None or _registry[0] != configured:
+        urls = [u.strip() for u in configured.split(",") if u.strip()]
+        if urls:
+            _registry = (configured, Registry(urls))
+        else:
+            from controlplane.deployments.routing import DeploymentRegistry
+
+            _registry = (configured, DeploymentRegistry())
+    return _registry[1]
+
+
+def visible_to(target: ModelTarget, tenant_id: int) -> bool:
+    """Adapters from the deployments registry carry their owner: no other tenant sees or uses them."""
+    owner = getattr(target, "owner_tenant_id", None)
+    return owner is None or owner == tenant_id

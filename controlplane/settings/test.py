@@ -1,0 +1,48 @@
+"""Test settings: PostgreSQL when it answers (always under TESSERA_REQUIRE_SERVICES=1), else SQLite."""
+
+import os
+import socket
+
+from .base import *  # noqa: F401,F403
+from .base import VAR_DIR
+
+
+def _postgres_up() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 5432), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+_wanted = os.environ.get("TESSERA_TEST_DATABASE", "")  # "sqlite" forces the fallback locally
+
+if os.environ.get("DATABASE_URL"):
+    pass  # base already parsed it
+elif _wanted != "sqlite" and (os.environ.get("TESSERA_REQUIRE_SERVICES") == "1" or _postgres_up()):
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": "test",
+            "USER": "postgres",
+            "HOST": "127.0.0.1",
+            "PORT": "5432",
+            # Several engineers and CI jobs share one server: a per-process test database name.
+            "TEST": {"NAME": os.environ.get("TESSERA_TEST_DB_NAME", f"test_tessera_{os.getpid()}")},
+        }
+    }
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(VAR_DIR / "test.sqlite3"),
+            "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"},
+            "TEST": {"NAME": str(VAR_DIR / f"test_{os.getpid()}.sqlite3")},
+        }
+    }
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+SECRET_KEY = "test-secret-key"
+TESSERA_API_KEY_SECRET = "test-api-key-secret"
+TESSERA_AUTH_CACHE_SECONDS = 0.0
+TESSERA_WORKERS = ""

@@ -1,0 +1,125 @@
+"""Shared types of the limiters and the choice of backend.
+
+Algorithm (both backends):
+- requests/min and tokens/min are token buckets (capacity = the limit, refilled continuously at
+  limit/60 per second); a request takes 1 request and `tokens` = prompt estimate + max completion.
+- concurrency counts admitted, unsettled requests (each expires after the reservation TTL so a
+  crashed gateway cannot leak a slot forever).
+- monthly token and spend budgets are counters per calendar month (UTC) that include in-flight
+  reservations: a request is admitted under a hard budget only if used + reserved + its estimate fits.
+- settle(actual) applies actual - reserved once (keyed by request id): refunds the token bucket and
+  the monthly counters, or charges the excess. Release on failure is settle with actual = 0.
+Everything a decision reads and writes for one tenant happens atomically in one place.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from decimal import Decimal
+from functools import lru_cache
+from typing import Protocol
+
+from django.conf import settings
+
+from ..selectors import TenantLimits
+
+NANO = Decimal("1e9")  # spend is tracked in integer billionths of the currency unit
+
+
+def to_nano(amount: Decimal | None) -> int:
+    return 0 if amount is None else int((Decimal(amount) * NANO).to_integral_value())
+
+
+def from_nano(value: int) -> Decimal:
+    return (Decimal(value) / NANO).quantize(Decimal("0.000000001"))
+
+
+def period_start(at: dt.datetime | None = None) -> dt.date:
+    at = at or dt.datetime.now(dt.UTC)
+    return dt.date(at.year, at.month, 1)
+
+
+def seconds_to_next_period(at: dt.datetime | None = None) -> float:
+    at = at or dt.datetime.now(dt.UTC)
+    first = period_start(at)
+    nxt = dt.datetime(first.year + first.month // 12, first.month % 12 + 1, 1, tzinfo=dt.UTC)
+    return max(1.0, (nxt - at).total_seconds())
+
+
+@dataclass(frozen=True, slots=True)
+class LimitPlan:
+    tenant_id: int
+    request_id: str
+    limits: TenantLimits
+    tokens: int  # prompt estimate + max completion tokens (x n)
+    spend_nano: int  # price estimate of `tokens`; 0 when no spend budget applies
+
+
+@dataclass(frozen=True, slots=True)
+class WindowState:
+    limit: int
+    remaining: int
+    reset_seconds: float  # until the bucket is full again
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    allowed: bool
+    reason: str | None = None  # requests | tokens | too_large | concurrency | token_budget | spend_budget
+    retry_after: float = 0.0  # seconds
+    requests: WindowState | None = None
+    tokens: WindowState | None = None
+    over_soft_budget: bool = False  # admitted although a soft budget is exhausted
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    tenant_id: int
+    request_id: str
+    limits: TenantLimits
+    period: dt.date  # the month the reservation was charged to
+    reserved_tokens: int
+    actual_tokens: int
+    reserved_spend_nano: int
+    actual_spend_nano: int
+
+
+class Limiter(Protocol):
+    async def reserve(self, plan: LimitPlan, *, spend_seed_nano: int | None = None) -> Decision | None:
+        """Admit or refuse. None means: this month has no counter yet and a spend budget applies;
+        call again with `spend_seed_nano` (spend already recorded by billing this month)."""
+
+    async def settle(self, settlement: Settlement) -> bool:
+        """Apply actual - reserved; True the first time for a request id, False after."""
+
+    async def usage(self, *, tenant_id: int, period: dt.date) -> tuple[int, int]:
+        """(tokens, spend_nano) charged to the period so far, reservations included."""
+
+    def usage_sync(self, *, tenant_id: int, period: dt.date) -> tuple[int, int]:
+        """The same, for sync callers (the management API)."""
+
+
+def limit_or_unlimited(value: int | None) -> int:
+    return -1 if value is None else int(value)
+
+
+@lru_cache(maxsize=1)
+def _limiter(kind: str, redis_url: str) -> Limiter:
+    if kind == "redis":
+        from .redis import RedisLimiter
+
+        return RedisLimiter(redis_url)
+    if kind == "database":
+        from .database import DatabaseLimiter
+
+        return DatabaseLimiter()
+    raise ValueError(f"TESSERA_LIMITER must be 'redis' or 'database', not {kind!r}")
+
+
+def get_limiter() -> Limiter:
+    return _limiter(settings.TESSERA_LIMITER, settings.REDIS_URL)
+
+
+def reset_limiter() -> None:
+    _limiter.cache_clear()

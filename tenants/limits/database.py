@@ -1,0 +1,145 @@
+"""The database limiter: the same algorithm as the Redis script, under a per-tenant row lock.
+
+`SELECT ... FOR UPDATE` on the tenant's RateLimitState row serialises every decision for that
+tenant across gateway processes (PostgreSQL); on SQLite, BEGIN IMMEDIATE serialises all writers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from controlplane.asyncdb import db_call
+
+from ..models import BudgetPeriod, RateLimitState, Reservation
+from .base import Decision, LimitPlan, Settlement, WindowState, period_start, seconds_to_next_period, to_nano
+
+
+def _refill(state: RateLimitState, rpm: int | None, tpm: int | None, now: float) -> tuple[float, float]:
+    fresh = state.refilled_at == 0
+    elapsed = max(0.0, now - state.refilled_at)
+    r = float(rpm or 0) if fresh else state.request_allowance
+    t = float(tpm or 0) if fresh else state.token_allowance
+    if rpm is not None:
+        r = min(rpm, r + elapsed * rpm / 60)
+    if tpm is not None:
+        t = min(tpm, t + elapsed * tpm / 60)
+    return r, t
+
+
+def _window(limit: int | None, left: float) -> WindowState | None:
+    if limit is None:
+        return None
+    reset = max(0.0, limit - left) * 60 / limit if limit > 0 else 0.0
+    return WindowState(limit, int(max(0.0, left)), reset)
+
+
+def _locked_state(tenant_id: int) -> RateLimitState:
+    RateLimitState.objects.bulk_create([RateLimitState(tenant_id=tenant_id)], ignore_conflicts=True)
+    return RateLimitState.objects.select_for_update().get(tenant_id=tenant_id)
+
+
+def _reserve(plan: LimitPlan, spend_seed_nano: int | None) -> Decision | None:
+    lim = plan.limits
+    rpm, tpm, conc = lim.requests_per_minute, lim.tokens_per_minute, lim.max_concurrent_requests
+    with transaction.atomic():
+        state = _locked_state(plan.tenant_id)
+        now = time.time()
+        r, t = _refill(state, rpm, tpm, now)
+
+        def refuse(reason: str, retry: float) -> Decision:
+            return Decision(False, reason, retry, _window(rpm, r), _window(tpm, t))
+
+        if tpm is not None and plan.tokens > tpm:
+            return refuse("too_large", 60.0)
+        if rpm is not None and r < 1:
+            return refuse("requests", (1 - r) * 60 / rpm if rpm else 60.0)
+        if tpm is not None and t < plan.tokens:
+            return refuse("tokens", (plan.tokens - t) * 60 / tpm if tpm else 60.0)
+        wall = timezone.now()
+        if conc is not None and Reservation.objects.filter(tenant_id=plan.tenant_id, expires_at__gt=wall).count() >= conc:
+            return refuse("concurrency", 1.0)
+
+        period = period_start(wall)
+        budget = BudgetPeriod.objects.filter(tenant_id=plan.tenant_id, period_start=period).first()
+        spend_budget = lim.monthly_spend_budget
+        if budget is None:
+            if spend_budget is not None and spend_seed_nano is None:
+                return None
+            budget = BudgetPeriod.objects.create(
+                tenant_id=plan.tenant_id, period_start=period, spend_nano=max(0, spend_seed_nano or 0)
+            )
+        soft = False
+        if lim.monthly_token_budget is not None and budget.tokens + plan.tokens > lim.monthly_token_budget:
+            if lim.hard_budget:
+                return refuse("token_budget", seconds_to_next_period(wall))
+            soft = True
+        if spend_budget is not None and budget.spend_nano + plan.spend_nano > to_nano(spend_budget):
+            if lim.hard_budget:
+                return refuse("spend_budget", seconds_to_next_period(wall))
+            soft = True
+
+        if rpm is not None:
+            r -= 1
+        if tpm is not None:
+            t -= plan.tokens
+        state.request_allowance, state.token_allowance, state.refilled_at = r, t, now
+        state.save()
+        Reservation.objects.filter(tenant_id=plan.tenant_id, expires_at__lte=wall).delete()
+        Reservation.objects.create(
+            request_id=plan.request_id,
+            tenant_id=plan.tenant_id,
+            tokens=plan.tokens,
+            spend_nano=plan.spend_nano,
+            period_start=period,
+            expires_at=wall + timedelta(seconds=settings.TESSERA_RESERVATION_TTL_SECONDS),
+        )
+        BudgetPeriod.objects.filter(pk=budget.pk).update(
+            tokens=F("tokens") + plan.tokens, spend_nano=F("spend_nano") + plan.spend_nano
+        )
+        return Decision(True, None, 0.0, _window(rpm, r), _window(tpm, t), soft)
+
+
+def _settle(s: Settlement) -> bool:
+    rpm, tpm = s.limits.requests_per_minute, s.limits.tokens_per_minute
+    d_tok = s.actual_tokens - s.reserved_tokens
+    d_sp = s.actual_spend_nano - s.reserved_spend_nano
+    with transaction.atomic():
+        state = _locked_state(s.tenant_id)
+        deleted, _ = Reservation.objects.filter(request_id=s.request_id, tenant_id=s.tenant_id).delete()
+        if not deleted:
+            return False
+        if tpm is not None and d_tok:
+            now = time.time()
+            r, t = _refill(state, rpm, tpm, now)
+            state.request_allowance, state.token_allowance, state.refilled_at = r, min(tpm, t - d_tok), now
+            state.save()
+        BudgetPeriod.objects.filter(tenant_id=s.tenant_id, period_start=s.period).update(
+            tokens=F("tokens") + d_tok, spend_nano=F("spend_nano") + d_sp
+        )
+        return True
+
+
+def _usage(tenant_id: int, period: dt.date) -> tuple[int, int]:
+    budget = BudgetPeriod.objects.filter(tenant_id=tenant_id, period_start=period).first()
+    return (budget.tokens, budget.spend_nano) if budget else (0, 0)
+
+
+class DatabaseLimiter:
+    async def reserve(self, plan: LimitPlan, *, spend_seed_nano: int | None = None) -> Decision | None:
+        return await db_call(_reserve, plan, spend_seed_nano)
+
+    async def settle(self, settlement: Settlement) -> bool:
+        return await db_call(_settle, settlement)
+
+    async def usage(self, *, tenant_id: int, period: dt.date) -> tuple[int, int]:
+        return await db_call(_usage, tenant_id, period)
+
+    def usage_sync(self, *, tenant_id: int, period: dt.date) -> tuple[int, int]:
+        return _usage(tenant_id, period)

@@ -1,0 +1,113 @@
+"""Reads. Every selector takes the tenant it reads for (the one exception, finding a tenant from
+a key, lives in tenants/auth.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.db.models import QuerySet
+
+from controlplane.errors import NotFound
+
+from .models import APIKey, BudgetEnforcement, Tenant, Tier
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """A tenant's effective limits: its tier's, with the tenant's overrides applied. None = unlimited."""
+
+    tier: str  # tier name
+    priority: int  # scheduler priority handed to workers (lower runs first)
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    max_concurrent_requests: int | None
+    monthly_token_budget: int | None
+    monthly_spend_budget: Decimal | None
+    hard_budget: bool  # refuse when a monthly budget is exhausted (else serve and flag)
+    slo_ttft_p95_ms: int | None
+    slo_itl_p95_ms: int | None
+    slo_availability_pct: Decimal | None = None
+
+
+def _pick(override, inherited):
+    return inherited if override is None else override
+
+
+def tenant_limits(*, tenant: Tenant) -> TenantLimits:
+    tier: Tier = tenant.tier
+    enforcement = tenant.budget_enforcement_override or tier.budget_enforcement
+    return TenantLimits(
+        tier=tier.name,
+        priority=_pick(tenant.priority_override, tier.priority),
+        requests_per_minute=_pick(tenant.requests_per_minute_override, tier.requests_per_minute),
+        tokens_per_minute=_pick(tenant.tokens_per_minute_override, tier.tokens_per_minute),
+        max_concurrent_requests=_pick(tenant.max_concurrent_requests_override, tier.max_concurrent_requests),
+        monthly_token_budget=_pick(tenant.monthly_token_budget_override, tier.monthly_token_budget),
+        monthly_spend_budget=_pick(tenant.monthly_spend_budget_override, tier.monthly_spend_budget),
+        hard_budget=enforcement == BudgetEnforcement.HARD,
+        slo_ttft_p95_ms=tier.slo_ttft_p95_ms,
+        slo_itl_p95_ms=tier.slo_itl_p95_ms,
+        slo_availability_pct=tier.slo_availability_pct,
+    )
+
+
+def api_key_list(*, tenant: Tenant) -> QuerySet[APIKey]:
+    return APIKey.objects.filter(tenant=tenant).order_by("-created_at", "-id")
+
+
+def api_key_get(*, tenant: Tenant, key_id: int) -> APIKey:
+    """A key of this tenant; another tenant's key is indistinguishable from a missing one."""
+    try:
+        return APIKey.objects.select_related("tenant").get(tenant=tenant, pk=key_id)
+    except (APIKey.DoesNotExist, ValueError, TypeError):
+        raise NotFound("No such API key.") from None
+
+
+def tenant_get(*, slug: str) -> Tenant:
+    """Operator lookup by slug."""
+    try:
+        return Tenant.objects.select_related("tier").get(slug=slug)
+    except Tenant.DoesNotExist:
+        raise NotFound(f"No tenant {slug!r}.") from None
+
+
+def tier_get(*, name: str) -> Tier:
+    try:
+        return Tier.objects.get(name=name)
+    except Tier.DoesNotExist:
+        raise NotFound(f"No tier {name!r}.") from None
+
+
+def tenant_usage(*, tenant: Tenant) -> dict:
+    """This month's usage as the limiter counts it, and billing's ledger figure when available."""
+    import datetime as dt
+    import importlib
+
+    from .limits import get_limiter, period_start
+    from .limits.base import from_nano
+
+    period = period_start()
+    tokens, spend_nano = get_limiter().usage_sync(tenant_id=tenant.pk, period=period)
+    billed = None
+    try:
+        tenant_spend = importlib.import_module("billing.selectors").tenant_spend
+    except (ImportError, AttributeError):
+        tenant_spend = None
+    if tenant_spend is not None:
+        start = dt.datetime(period.year, period.month, 1, tzinfo=dt.UTC)
+        billed = tenant_spend(tenant=tenant, start=start, end=dt.datetime.now(dt.UTC))
+    limits = tenant_limits(tenant=tenant)
+    return {
+        "period_start": period,
+        "tokens": tokens,
+        "spend": from_nano(spend_nano),
+        "billed_spend": billed,
+        "monthly_token_budget": limits.monthly_token_budget,
+        "monthly_spend_budget": limits.monthly_spend_budget,
+    }
+
+
+def tenant_list() -> QuerySet[Tenant]:
+    """Operators only (the views check)."""
+    return Tenant.objects.select_related("tier").order_by("slug")

@@ -1,0 +1,215 @@
+"""A small OpenAI-shaped upstream for gateway tests and the benchmark: a real HTTP server
+(uvicorn in a thread, or `python -m tests.controlplane.fake_worker --port N` as a process).
+
+It serves /health, /ready, /v1/models, /v1/chat/completions and /v1/completions (JSON and SSE),
+records what it received (headers included), notices client disconnects, and can be told to be
+not ready, slow per token, or to answer with an error status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import uvicorn
+
+PROMPT_TOKENS = 7
+CACHED_TOKENS = 3
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: dict
+
+
+@dataclass
+class FakeWorker:
+    models: list[dict] = field(default_factory=lambda: [
+        {"id": "fake-model", "object": "model", "owned_by": "test"},
+        {"id": "fake-lora", "object": "model", "owned_by": "test", "parent": "fake-model"},
+    ])
+    ready: bool = True
+    token_delay: float = 0.0  # seconds between streamed tokens
+    fail_status: int | None = None  # answer completions with this status
+    received: list[Received] = field(default_factory=list)
+    disconnected: list[str] = field(default_factory=list)  # request ids whose client went away mid-stream
+    finished: list[str] = field(default_factory=list)
+    port: int = 0
+    record: bool = True
+    hold: threading.Event | None = None  # completions wait until the test sets it
+
+    def release(self) -> None:
+        if self.hold is not None:
+            self.hold.set()
+
+    def reset(self) -> None:
+        self.ready, self.token_delay, self.fail_status = True, 0.0, None
+        self.release()
+        self.hold = None
+        self.received.clear()
+        self.disconnected.clear()
+        self.finished.clear()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # --- ASGI ---------------------------------------------------------------------------------------
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        path, method = scope["path"], scope["method"]
+        if method == "GET" and path == "/health":
+            return await _json(send, 200, {"status": "ok"})
+        if method == "GET" and path == "/ready":
+            return await _json(send, 200 if self.ready else 503, {"ready": self.ready})
+        if method == "GET" and path == "/v1/models":
+            return await _json(send, 200, {"object": "list", "data": self.models})
+        if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
+            raw = b""
+            while True:
+                message = await receive()
+                raw += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            body = json.loads(raw)
+            headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+            if self.record:
+                self.received.append(Received(path, headers, body))
+            if self.hold is not None:
+                await asyncio.get_running_loop().run_in_executor(None, self.hold.wait, 30)
+            if self.fail_status:
+                return await _json(send, self.fail_status, {"error": {"message": "injected", "type": "server_error", "param": None, "code": "injected"}})
+            chat = path.endswith("chat/completions")
+            rid = headers.get("x-request-id", "none")
+            n_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
+            if body.get("stream"):
+                return await self._stream(send, receive, body, chat, rid, n_tokens)
+            if self.token_delay:  # generate "slowly", noticing a client that goes away meanwhile
+                if await _disconnects_within(receive, self.token_delay * n_tokens):
+                    self.disconnected.append(rid)
+                    return
+            text = "".join(f"t{i} " for i in range(n_tokens))
+            choice = {"index": 0, "finish_reason": "length", "logprobs": None}
+            choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+            payload = {
+                "id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": body["model"], "choices": [choice], "usage": _usage(n_tokens),
+            }
+            self.finished.append(rid)
+            return await _json(send, 200, payload, {"x-request-id": rid})
+        return await _json(send, 404, {"error": {"message": "not found", "type": "invalid_request_error", "param": None, "code": None}})
+
+    async def _stream(self, send, receive, body, chat, rid, n_tokens):
+        gone = asyncio.Event()
+
+        async def listen():
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    gone.set()
+                    return
+
+        listener = asyncio.create_task(listen())
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream"), (b"x-request-id", rid.encode())]})
+        base = {"id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()), "model": body["model"]}
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        try:
+            for i in range(n_tokens):
+                if self.token_delay:
+                    try:
+                        await asyncio.wait_for(gone.wait(), self.token_delay)
+                    except TimeoutError:
+                        pass
+                if gone.is_set():
+                    self.disconnected.append(rid)
+                    return
+                choice = {"index": 0, "finish_reason": None, "logprobs": None}
+                choice.update({"delta": {"content": f"t{i} "}} if chat else {"text": f"t{i} "})
+                chunk = {**base, "choices": [choice]}
+                if include_usage:
+                    chunk["usage"] = None
+                await send({"type": "http.response.body", "body": b"data: " + json.dumps(chunk).encode() + b"\n\n", "more_body": True})
+            last = {"index": 0, "finish_reason": "length", "logprobs": None}
+            last.update({"delta": {}} if chat else {"text": ""})
+            events = [{**base, "choices": [last]}]
+            if include_usage:
+                events.append({**base, "choices": [], "usage": _usage(n_tokens)})
+            data = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+            await send({"type": "http.response.body", "body": data, "more_body": False})
+            self.finished.append(rid)
+        finally:
+            listener.cancel()
+
+
+async def _disconnects_within(receive, seconds: float) -> bool:
+    async def gone():
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    try:
+        await asyncio.wait_for(gone(), seconds)
+        return True
+    except TimeoutError:
+        return False
+
+
+def _usage(completion: int) -> dict:
+    return {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": completion, "total_tokens": PROMPT_TOKENS + completion,
+            "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS}}
+
+
+async def _json(send, status: int, payload: dict, headers: dict | None = None) -> None:
+    body = json.dumps(payload).encode()
+    raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw_headers += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class ServerThread:
+    """Run an ASGI app with uvicorn on 127.0.0.1:<free port> in a daemon thread."""
+
+    def __init__(self, app, port: int = 0) -> None:
+        self.config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="auto")
+        self.server = uvicorn.Server(self.config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> int:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("test server did not start")
+            time.sleep(0.01)
+        return self.server.servers[0].sockets[0].getsockname()[1]
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, default=8199)
+    args = parser.parse_args()
+    worker = FakeWorker(record=False)
+    uvicorn.run(worker, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()
