@@ -1,0 +1,59 @@
+"""`manage.py export_usage --month 2026-11 --format csv|parquet [--out FILE] [--tenant ID|SLUG]`."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, time
+
+from django.core.management.base import BaseCommand, CommandError
+
+from billing import exports
+from billing.services.invoices import month_bounds
+from tenants.models import Tenant
+
+
+class Command(BaseCommand):
+    help = "Export one month of usage, one row per request (CSV to standard output unless --out is given)."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--month", required=True, help="YYYY-MM (UTC calendar month)")
+        parser.add_argument("--format", choices=["csv", "parquet"], default="csv")
+        parser.add_argument("--out", help="file to write (default: standard output)")
+        parser.add_argument("--tenant", help="tenant id or slug (default: all tenants)")
+
+    def handle(self, *args, month: str, format: str, out: str | None, tenant: str | None, **options) -> None:
+        try:
+            first = date.fromisoformat(f"{month}-01")
+        except ValueError:
+            raise CommandError(f"--month must be YYYY-MM, got {month!r}") from None
+        period_start, period_end = month_bounds(first)
+        tenant_id = None
+        if tenant:
+            lookup = {"pk": int(tenant)} if tenant.isdigit() else {"slug": tenant}
+            tenant_id = Tenant.objects.filter(**lookup).values_list("pk", flat=True).first()
+            if tenant_id is None:
+                raise CommandError(f"no tenant {tenant!r}")
+        rows = exports.usage_rows(
+            start=datetime.combine(period_start, time.min, tzinfo=UTC),
+            end=datetime.combine(period_end, time.min, tzinfo=UTC),
+            tenant_id=tenant_id,
+        )
+        if format == "csv":
+            chunks = exports.csv_stream(exports.USAGE_COLUMNS, rows)
+            if out:
+                with open(out, "w", newline="", encoding="utf-8") as target:
+                    target.writelines(chunks)
+            else:
+                for chunk in chunks:
+                    self.stdout.write(chunk, ending="")
+            return
+        chunks = exports.parquet_stream(exports.USAGE_COLUMNS, rows)
+        if out:
+            with open(out, "wb") as target:
+                target.writelines(chunks)
+            return
+        stream = self.stdout._out
+        if stream.isatty():
+            raise CommandError("refusing to write Parquet to a terminal; use --out FILE or a pipe")
+        binary = getattr(stream, "buffer", stream)
+        binary.writelines(chunks)
+        binary.flush()

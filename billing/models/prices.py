@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from billing.money import PRICE_MAX_DIGITS, PRICE_PLACES, ZERO
+
+
+def _rate_field(verbose_name: str) -> models.DecimalField:
+    return models.DecimalField(
+        verbose_name, max_digits=PRICE_MAX_DIGITS, decimal_places=PRICE_PLACES, validators=[MinValueValidator(ZERO)]
+    )
+
+
+class Price(models.Model):
+    """A rate card entry: what 1M tokens of one model (optionally one adapter / tier) cost over a time window.
+
+    Blank `adapter` or `tier` means "any"; the lookup prefers the most specific entry in force
+    (adapter match, then tier match, then the latest `effective_from`). Rows are never edited once
+    usage refers to them: a price change is a new row that closes the previous one.
+    """
+
+    model = models.CharField(max_length=200, help_text="Base model name as served.")
+    adapter = models.CharField(max_length=200, blank=True, default="", help_text="Blank: any adapter.")
+    tier = models.CharField(max_length=64, blank=True, default="", help_text="Blank: any tier.")
+    currency = models.CharField(max_length=3, default="usd")
+    input_per_mtok = _rate_field("input per 1M tokens")
+    cached_input_per_mtok = _rate_field("cached input per 1M tokens")
+    output_per_mtok = _rate_field("output per 1M tokens")
+    effective_from = models.DateTimeField()
+    effective_to = models.DateTimeField(null=True, blank=True, help_text="Exclusive; blank: open-ended.")
+    note = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["model", "adapter", "tier", "-effective_from"]
+        indexes = [models.Index(fields=["model", "effective_from"], name="billing_price_model_from")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(effective_to__isnull=True) | Q(effective_to__gt=models.F("effective_from")),
+                name="billing_price_window_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(input_per_mtok__gte=0) & Q(cached_input_per_mtok__gte=0) & Q(output_per_mtok__gte=0),
+                name="billing_price_rates_non_negative",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        scope = "/".join(part for part in (self.model, self.adapter, self.tier) if part)
+        return f"{scope} {self.currency} from {self.effective_from:%Y-%m-%d %H:%M}"
+
+    @property
+    def specificity(self) -> tuple[int, int]:
+        return (1 if self.adapter else 0, 1 if self.tier else 0)

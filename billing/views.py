@@ -1,0 +1,125 @@
+"""Finance export endpoints (streamed CSV / Parquet). They parse the query, pick rows, stream."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, date, datetime, time
+
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import exceptions, permissions, renderers
+from rest_framework.views import APIView
+
+from billing import exports
+from tenants.models import Tenant
+
+
+class _Passthrough(renderers.BaseRenderer):
+    """Lets clients send `Accept: text/csv`; successful responses bypass renderers (they stream)."""
+
+    charset = None
+
+    def render(self, data, accepted_media_type=None, renderer_context=None) -> bytes:
+        return json.dumps(data).encode()  # only errors get here
+
+
+class CSVRenderer(_Passthrough):
+    media_type, format = "text/csv", "csv"
+
+
+class ParquetRenderer(_Passthrough):
+    media_type, format = "application/vnd.apache.parquet", "parquet"
+
+
+class HasBillingViewPermission(permissions.BasePermission):
+    """Django users holding the view permission (the finance group, superusers); never tenant keys."""
+
+    message = "Finance exports need the billing view permission (the finance group)."
+
+    def has_permission(self, request, view) -> bool:
+        has_perm = getattr(request.user, "has_perm", None)
+        return bool(request.user and request.user.is_authenticated and has_perm and has_perm(view.required_perm))
+
+
+def _instant(raw: str | None, name: str) -> datetime:
+    if not raw:
+        raise exceptions.ValidationError({name: "required (ISO date or datetime)"})
+    try:
+        value = datetime.fromisoformat(raw) if "T" in raw or " " in raw else datetime.combine(
+            date.fromisoformat(raw), time.min
+        )
+    except ValueError:
+        raise exceptions.ValidationError({name: f"not an ISO date or datetime: {raw!r}"}) from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _tenant_id(raw: str | None) -> int | None:
+    if not raw:
+        return None
+    tenant_id = Tenant.objects.filter(**({"pk": int(raw)} if raw.isdigit() else {"slug": raw})).values_list(
+        "pk", flat=True
+    ).first()
+    if tenant_id is None:
+        raise exceptions.ValidationError({"tenant": f"no tenant {raw!r}"})
+    return tenant_id
+
+
+class _ExportView(APIView):
+    permission_classes = [HasBillingViewPermission]
+    renderer_classes = [renderers.JSONRenderer, CSVRenderer, ParquetRenderer]
+    required_perm = ""
+    columns: list = []
+    file_format = "csv"
+    name = ""
+
+    def rows(self, *, start, end, tenant_id):
+        raise NotImplementedError
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("from", OpenApiTypes.STR, required=True, description="ISO date (midnight UTC) or datetime"),
+            OpenApiParameter("to", OpenApiTypes.STR, required=True, description="exclusive; ISO date or datetime"),
+            OpenApiParameter("tenant", OpenApiTypes.STR, description="tenant id or slug (default: all)"),
+        ],
+        responses={(200, "text/csv"): OpenApiTypes.BINARY, (200, ParquetRenderer.media_type): OpenApiTypes.BINARY},
+    )
+    def get(self, request):
+        start, end = _instant(request.query_params.get("from"), "from"), _instant(request.query_params.get("to"), "to")
+        if end <= start:
+            raise exceptions.ValidationError({"to": "must be after from"})
+        rows = self.rows(start=start, end=end, tenant_id=_tenant_id(request.query_params.get("tenant")))
+        filename = f"{self.name}-{start:%Y%m%d}-{end:%Y%m%d}.{self.file_format}"
+        if self.file_format == "csv":
+            response = StreamingHttpResponse(exports.csv_stream(self.columns, rows), content_type="text/csv; charset=utf-8")
+        else:
+            response = StreamingHttpResponse(
+                exports.parquet_stream(self.columns, rows), content_type=ParquetRenderer.media_type
+            )
+        response["Content-Disposition"] = f'attachment; filename="{filename}"'
+        response["Cache-Control"] = "no-store"
+        return response
+
+
+class UsageExportView(_ExportView):
+    """GET ?from=&to=[&tenant=]: one row per request that started in [from, to)."""
+
+    required_perm, columns, name = "billing.view_usagerecord", exports.USAGE_COLUMNS, "usage"
+
+    def rows(self, *, start, end, tenant_id):
+        return exports.usage_rows(start=start, end=end, tenant_id=tenant_id)
+
+
+class InvoiceExportView(_ExportView):
+    """GET ?from=&to=[&tenant=]: one row per line of the (non-void) invoices whose month starts in [from, to)."""
+
+    required_perm, columns, name = "billing.view_invoice", exports.INVOICE_COLUMNS, "invoices"
+
+    def rows(self, *, start, end, tenant_id):
+        return exports.invoice_rows(start=_first_day_at_or_after(start), end=_first_day_at_or_after(end), tenant_id=tenant_id)
+
+
+def _first_day_at_or_after(instant: datetime) -> date:
+    """Invoice periods start at midnight UTC: the first such day not before `instant`."""
+    instant = instant.astimezone(UTC)
+    return instant.date() if instant.time() == time.min else date.fromordinal(instant.date().toordinal() + 1)
