@@ -1,0 +1,233 @@
+"""Operators' admin: models, adapters, workers, deployments and replicas. Writes go through services."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.utils import timezone
+from django.utils.html import format_html
+
+from controlplane.errors import ApplicationError
+
+from . import reconciler, services
+from .models import Adapter, AdapterPlacement, Deployment, Model, Replica, ReplicaStatus, Worker, WorkerStatus
+
+STATUS_COLOURS = {"ready": "#2e7d32", "loading": "#1565c0", "starting": "#1565c0", "pending": "#6d6d6d",
+                  "stopping": "#ef6c00", "draining": "#ef6c00", "failed": "#c62828", "dead": "#c62828",
+                  "deleting": "#ef6c00"}
+
+
+def badge(status: str):
+    return format_html('<b style="color:{}">{}</b>', STATUS_COLOURS.get(status, "#000"), status)
+
+
+def _report(modeladmin, request, done: int, what: str, errors: list[str]) -> None:
+    if done:
+        modeladmin.message_user(request, f"{done} {what}.", messages.SUCCESS)
+    for error in errors:
+        modeladmin.message_user(request, error, messages.ERROR)
+
+
+@admin.register(Model)
+class ModelAdmin(admin.ModelAdmin):
+    list_display = ("name", "source", "source_kind", "architecture", "context_length", "quantizations",
+                    "deployment_count")
+    list_filter = ("architecture",)
+    search_fields = ("name", "source")
+
+    @admin.display(description="deployments")
+    def deployment_count(self, model: Model) -> int:
+        return model.deployments.count()
+
+
+class PlacementInline(admin.TabularInline):
+    model = AdapterPlacement
+    extra = 0
+    can_delete = False
+    fields = ("replica", "status", "reason", "attempt", "failures", "updated_at")
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Adapter)
+class AdapterAdmin(admin.ModelAdmin):
+    list_display = ("served_name", "tenant", "base_model", "rank", "status_badge", "updated_at")
+    list_filter = ("status", "base_model", "tenant")
+    search_fields = ("name", "served_name", "tenant__slug")
+    list_select_related = ("tenant", "base_model")
+    readonly_fields = ("served_name", "status", "reason", "created_at", "updated_at")
+    inlines = (PlacementInline,)
+    actions = ("delete_through_service",)
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, adapter: Adapter):
+        return badge(adapter.status)
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        created = services.adapter_create(tenant=obj.tenant, name=obj.name, base_model=obj.base_model,
+                                          source=obj.source, rank=obj.rank)
+        obj.pk, obj.served_name, obj._state.adding = created.pk, created.served_name, False
+
+    @admin.action(description="Unload and delete the selected adapters")
+    def delete_through_service(self, request, queryset):
+        for adapter in queryset:
+            services.adapter_delete(adapter=adapter)
+        _report(self, request, len(queryset), "adapter(s) being deleted", [])
+
+
+@admin.register(Worker)
+class WorkerAdmin(admin.ModelAdmin):
+    list_display = ("name", "url", "status_badge", "cordoned", "accelerator", "memory_gib", "loaded_model",
+                    "num_running", "num_waiting", "kv_cache_usage", "heartbeat_age")
+    list_filter = ("status", "cordoned", "accelerator")
+    search_fields = ("name", "url")
+    readonly_fields = [f.name for f in Worker._meta.fields]
+    actions = ("drain", "uncordon", "mark_dead")
+
+    def has_add_permission(self, request) -> bool:
+        return False  # workers register themselves
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, worker: Worker):
+        return badge(worker.status)
+
+    @admin.display(description="memory (GiB)")
+    def memory_gib(self, worker: Worker) -> str:
+        return f"{worker.memory_bytes / 2**30:.1f}" if worker.memory_bytes else "-"
+
+    @admin.display(description="last heartbeat", ordering="last_heartbeat_at")
+    def heartbeat_age(self, worker: Worker) -> str:
+        if worker.last_heartbeat_at is None:
+            return "never"
+        return f"{(timezone.now() - worker.last_heartbeat_at).total_seconds():.0f} s ago"
+
+    @admin.action(description="Drain: move replicas away, place nothing new")
+    def drain(self, request, queryset):
+        for worker in queryset:
+            services.worker_cordon(worker=worker, cordoned=True)
+        _report(self, request, len(queryset), "worker(s) draining", [])
+
+    @admin.action(description="Uncordon: take new replicas again")
+    def uncordon(self, request, queryset):
+        for worker in queryset:
+            services.worker_cordon(worker=worker, cordoned=False)
+        _report(self, request, len(queryset), "worker(s) uncordoned", [])
+
+    @admin.action(description="Mark dead now and reschedule its replicas")
+    def mark_dead(self, request, queryset):
+        for worker in queryset.exclude(status=WorkerStatus.DEAD):
+            services.worker_mark_dead(worker=worker, reason=f"marked dead by {request.user}")
+        _report(self, request, len(queryset), "worker(s) marked dead", [])
+
+
+class ReplicaInline(admin.TabularInline):
+    model = Replica
+    extra = 0
+    can_delete = False
+    fields = ("id", "worker", "status", "reason", "attempt", "failures", "retry_at", "ready_at", "load_seconds")
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+class DeploymentForm(forms.ModelForm):
+    class Meta:
+        model = Deployment
+        fields = "__all__"
+
+    def clean(self):
+        data = super().clean()
+        model, quantization = data.get("model"), data.get("quantization")
+        if model is not None and quantization and quantization not in model.quantizations:
+            raise forms.ValidationError(f"{model.name} is not available as {quantization} "
+                                        f"(it has {', '.join(model.quantizations)}).")
+        return data
+
+
+@admin.register(Deployment)
+class DeploymentAdmin(admin.ModelAdmin):
+    form = DeploymentForm
+    list_display = ("name", "model", "quantization", "served_name", "desired_replicas", "ready_replicas",
+                    "failed_replicas", "deleting")
+    list_filter = ("quantization", "deleting", "model")
+    search_fields = ("name", "served_name", "model__name")
+    list_select_related = ("model",)
+    readonly_fields = ("deleting", "created_at", "updated_at")
+    inlines = (ReplicaInline,)
+    actions = ("retry_failed", "reconcile_now", "delete_through_service")
+
+    @admin.display(description="ready")
+    def ready_replicas(self, deployment: Deployment) -> int:
+        return deployment.replicas.filter(status=ReplicaStatus.READY).count()
+
+    @admin.display(description="failed")
+    def failed_replicas(self, deployment: Deployment) -> int:
+        return deployment.replicas.filter(status=ReplicaStatus.FAILED).count()
+
+    def get_readonly_fields(self, request, obj=None):
+        fixed = ("name", "model", "quantization", "served_name")
+        return self.readonly_fields + (fixed if obj is not None else ())
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            services.deployment_update(deployment=obj, replicas=obj.desired_replicas, placement=obj.placement,
+                                       engine_args=obj.engine_args, max_adapters=obj.max_adapters)
+            return
+        created = services.deployment_create(
+            model=obj.model, replicas=obj.desired_replicas, quantization=obj.quantization, name=obj.name,
+            served_name=obj.served_name or None, placement=obj.placement, engine_args=obj.engine_args,
+            max_adapters=obj.max_adapters)
+        obj.pk, obj._state.adding = created.pk, False
+
+    @admin.action(description="Retry the failed replicas")
+    def retry_failed(self, request, queryset):
+        failed = Replica.objects.filter(deployment__in=queryset, status=ReplicaStatus.FAILED)
+        for replica in failed:
+            services.replica_retry(replica=replica)
+        _report(self, request, len(failed), "replica(s) retrying", [])
+
+    @admin.action(description="Reconcile now")
+    def reconcile_now(self, request, queryset):
+        result = reconciler.reconcile()
+        self.message_user(request, f"Reconciled: {result.as_dict()}", messages.SUCCESS)
+
+    @admin.action(description="Unload and delete the selected deployments")
+    def delete_through_service(self, request, queryset):
+        for deployment in queryset:
+            services.deployment_delete(deployment=deployment)
+        _report(self, request, len(queryset), "deployment(s) being deleted", [])
+
+
+@admin.register(Replica)
+class ReplicaAdmin(admin.ModelAdmin):
+    list_display = ("id", "deployment", "worker", "status_badge", "attempt", "failures", "reason", "ready_at",
+                    "load_seconds")
+    list_filter = ("status", "deployment", "worker")
+    search_fields = ("deployment__name", "worker__name", "reason")
+    list_select_related = ("deployment", "worker")
+    readonly_fields = [f.name for f in Replica._meta.fields]
+    actions = ("retry",)
+
+    def has_add_permission(self, request) -> bool:
+        return False  # deployments make replicas
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, replica: Replica):
+        return badge(replica.status)
+
+    @admin.action(description="Retry (failed replicas only)")
+    def retry(self, request, queryset):
+        errors, done = [], 0
+        for replica in queryset:
+            try:
+                services.replica_retry(replica=replica)
+                done += 1
+            except ApplicationError as exc:
+                errors.append(exc.message)
+        _report(self, request, done, "replica(s) retrying", errors)

@@ -1,0 +1,1 @@
+"""Management API for deployments: operators manage models, workers and deployments; tenants their adapters."""

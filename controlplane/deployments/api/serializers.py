@@ -1,0 +1,109 @@
+"""Parse and format only; every write goes through controlplane.deployments.services."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from ..models import Adapter, Deployment, Model, Quantization, Replica, Worker
+from ..selectors import deployment_summary
+
+
+class ModelSerializer(serializers.ModelSerializer):
+    source_kind = serializers.CharField(read_only=True)
+    quantizations = serializers.ListField(child=serializers.CharField(), required=False)
+    quantized_sources = serializers.DictField(child=serializers.CharField(), required=False)
+
+    class Meta:
+        model = Model
+        fields = ["id", "name", "source", "source_kind", "architecture", "context_length", "quantizations",
+                  "quantized_sources", "description", "created_at", "updated_at"]
+        read_only_fields = ["id", "created_at", "updated_at"]
+        extra_kwargs = {"name": {"validators": []}, "source": {"required": False}}
+
+
+class ModelUpdateSerializer(ModelSerializer):
+    class Meta(ModelSerializer.Meta):
+        read_only_fields = ["id", "name", "created_at", "updated_at"]
+
+
+class ReplicaSerializer(serializers.ModelSerializer):
+    worker = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = Replica
+        fields = ["id", "uid", "worker", "status", "reason", "attempt", "failures", "retry_at", "dispatched_at",
+                  "ready_at", "load_seconds", "gate", "created_at", "updated_at"]
+        read_only_fields = fields
+
+
+class WorkerSerializer(serializers.ModelSerializer):
+    replica = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Worker
+        fields = ["id", "name", "url", "queue", "accelerator", "memory_bytes", "labels", "status", "cordoned",
+                  "registered_at", "last_heartbeat_at", "loaded_model", "loaded_adapters", "num_running",
+                  "num_waiting", "kv_cache_usage", "stats", "replica"]
+        read_only_fields = fields
+
+    def get_replica(self, worker: Worker) -> dict | None:
+        replica = worker.replicas.exclude(status__in=["pending", "failed"]).select_related("deployment").first()
+        if replica is None:
+            return None
+        return {"id": replica.pk, "deployment": replica.deployment.name, "status": replica.status}
+
+
+class DeploymentSerializer(serializers.ModelSerializer):
+    model = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    replicas = serializers.IntegerField(source="desired_replicas", read_only=True)
+    status = serializers.SerializerMethodField()
+    replica_status = ReplicaSerializer(source="replicas", many=True, read_only=True)
+
+    class Meta:
+        model = Deployment
+        fields = ["id", "name", "model", "quantization", "replicas", "served_name", "placement", "engine_args",
+                  "max_adapters", "deleting", "status", "replica_status", "created_at", "updated_at"]
+        read_only_fields = fields
+
+    def get_status(self, deployment: Deployment) -> dict[str, int]:
+        return deployment_summary(deployment)
+
+
+class DeploymentCreateSerializer(serializers.Serializer):
+    model = serializers.SlugRelatedField(slug_field="name", queryset=Model.objects.all())
+    replicas = serializers.IntegerField(min_value=0, default=1)
+    quantization = serializers.CharField(default=Quantization.BF16.value, help_text="bf16, fp8 or awq-int4 (awq)")
+    name = serializers.CharField(max_length=128, required=False)
+    served_name = serializers.CharField(max_length=128, required=False)
+    placement = serializers.DictField(required=False, default=dict)
+    engine_args = serializers.DictField(required=False, default=dict)
+    max_adapters = serializers.IntegerField(min_value=0, max_value=256, default=0)
+
+
+class DeploymentUpdateSerializer(serializers.Serializer):
+    replicas = serializers.IntegerField(min_value=0, required=False)
+    placement = serializers.DictField(required=False)
+    engine_args = serializers.DictField(required=False)
+    max_adapters = serializers.IntegerField(min_value=0, max_value=256, required=False)
+
+
+class AdapterSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    base_model = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    ready_placements = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Adapter
+        fields = ["id", "tenant", "name", "served_name", "base_model", "source", "rank", "status", "reason",
+                  "ready_placements", "created_at", "updated_at"]
+        read_only_fields = fields
+
+    def get_ready_placements(self, adapter: Adapter) -> int:
+        return adapter.placements.filter(status="ready").count()
+
+
+class AdapterCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=64)
+    base_model = serializers.SlugRelatedField(slug_field="name", queryset=Model.objects.all())
+    source = serializers.CharField(max_length=500)
+    rank = serializers.IntegerField(min_value=1, max_value=64, default=8)

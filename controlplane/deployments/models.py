@@ -1,0 +1,242 @@
+"""What should run (Model, Adapter, Deployment) and what does (Worker, Replica, AdapterPlacement).
+
+Operators declare models and deployments; tenants declare their own adapters. Workers register
+and heartbeat. The reconciler (reconciler.py) turns the difference into replicas and adapter
+placements, and Celery tasks on each worker's own queue (`worker.<name>`) make them real.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.core.validators import RegexValidator
+from django.db import models
+from django.db.models import Q
+
+# Names end up in queue names, URLs and model ids: letters, digits, dot, dash, underscore.
+name_validator = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", "Use letters, digits, '.', '-' and '_'.")
+
+
+class Quantization(models.TextChoices):
+    BF16 = "bf16", "bf16 (the checkpoint's own weights)"
+    FP8 = "fp8", "fp8 (per-channel e4m3)"
+    AWQ_INT4 = "awq-int4", "awq-int4 (AWQ 4-bit groups)"
+
+
+# The engine's `quantization` argument for each choice (dataplane.config.ModelConfig).
+ENGINE_QUANTIZATION = {Quantization.BF16: None, Quantization.FP8: "fp8", Quantization.AWQ_INT4: "awq"}
+# What operators may type (CLI, API) for each choice.
+QUANTIZATION_ALIASES = {"none": "bf16", "bf16": "bf16", "fp8": "fp8", "awq": "awq-int4", "awq-int4": "awq-int4",
+                        "int4": "awq-int4"}
+
+
+def default_quantizations() -> list[str]:
+    return [Quantization.BF16.value]
+
+
+class Model(models.Model):
+    name = models.CharField(max_length=128, unique=True, validators=[name_validator],
+                            help_text="The id clients send as `model` (unless a deployment serves it under another).")
+    source = models.CharField(max_length=500, help_text="A package alias (smollm2-135m-instruct), a path on the "
+                              "worker (GGUF file or Hugging Face directory), or an object-store URI (s3://…).")
+    architecture = models.CharField(max_length=64, default="llama")
+    context_length = models.PositiveIntegerField(null=True, blank=True, help_text="Blank: the checkpoint's own.")
+    quantizations = models.JSONField(default=default_quantizations, blank=True,
+                                     help_text="Available: any of bf16, fp8, awq-int4.")
+    quantized_sources = models.JSONField(default=dict, blank=True, help_text='Prebuilt checkpoints per method, '
+                                         'e.g. {"awq-int4": "/models/x-awq"}; absent: quantized at load (fp8 only).')
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def source_kind(self) -> str:
+        if "://" in self.source:
+            return "uri"
+        if self.source.startswith(("/", ".", "~")) or self.source.endswith(".gguf"):
+            return "path"
+        return "alias"
+
+    def source_for(self, quantization: str) -> str:
+        return (self.quantized_sources or {}).get(quantization) or self.source
+
+
+class AdapterStatus(models.TextChoices):
+    PENDING = "pending"  # no placement is ready yet
+    READY = "ready"  # served by at least one replica
+    FAILED = "failed"  # every placement failed (see reason)
+    DELETING = "deleting"  # being unloaded everywhere, then removed
+
+
+class Adapter(models.Model):
+    """A tenant's LoRA adapter on a base model. Only its tenant (and operators) can see or use it."""
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="adapters")
+    name = models.CharField(max_length=64, validators=[name_validator])
+    # The id clients send as `model`: "<tenant slug>:<name>", unique platform-wide.
+    served_name = models.CharField(max_length=140, unique=True, editable=False)
+    base_model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="adapters")
+    source = models.CharField(max_length=500, help_text="A PEFT adapter directory on the worker, or an object-store URI.")
+    rank = models.PositiveSmallIntegerField(default=8)
+    status = models.CharField(max_length=16, choices=AdapterStatus.choices, default=AdapterStatus.PENDING)
+    reason = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["tenant_id", "name"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="adapter_name_per_tenant")]
+
+    def __str__(self) -> str:
+        return self.served_name
+
+
+class WorkerStatus(models.TextChoices):
+    STARTING = "starting"  # registered; its task consumer is not up yet
+    READY = "ready"  # heartbeating and consuming its queue
+    DRAINING = "draining"  # shutting down (or cordoned): gets no new replicas, its replicas move away
+    DEAD = "dead"  # missed heartbeats; its replicas were rescheduled
+
+
+class Worker(models.Model):
+    name = models.CharField(max_length=128, unique=True, validators=[name_validator],
+                            help_text="The worker's id; it consumes the Celery queue worker.<name>.")
+    url = models.CharField(max_length=300, help_text="Where the gateway reaches its OpenAI API (http://host:port).")
+    accelerator = models.CharField(max_length=128, blank=True)
+    memory_bytes = models.BigIntegerField(null=True, blank=True, help_text="Accelerator memory.")
+    labels = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=WorkerStatus.choices, default=WorkerStatus.STARTING)
+    cordoned = models.BooleanField(default=False, help_text="Drained by an operator: no new replicas; "
+                                   "existing ones move once their replacements are ready.")
+    boot_id = models.CharField(max_length=64, blank=True, help_text="Changes on every process start.")
+    registered_at = models.DateTimeField(auto_now_add=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # As the worker last reported them.
+    loaded_model = models.CharField(max_length=140, blank=True)
+    loaded_adapters = models.JSONField(default=list, blank=True)
+    num_running = models.PositiveIntegerField(default=0)
+    num_waiting = models.PositiveIntegerField(default=0)
+    kv_cache_usage = models.FloatField(default=0.0)
+    stats = models.JSONField(default=dict, blank=True, help_text="The agent's counters (loads, tasks).")
+
+    class Meta:
+        ordering = ["name"]
+        indexes = [models.Index(fields=["status", "last_heartbeat_at"])]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def queue(self) -> str:
+        return f"worker.{self.name}"
+
+    @property
+    def schedulable(self) -> bool:
+        return self.status == WorkerStatus.READY and not self.cordoned
+
+
+class Deployment(models.Model):
+    """A model at a quantization, wanted on `desired_replicas` workers matching `placement`."""
+
+    name = models.CharField(max_length=128, unique=True, validators=[name_validator])
+    model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="deployments")
+    quantization = models.CharField(max_length=16, choices=Quantization.choices, default=Quantization.BF16)
+    desired_replicas = models.PositiveIntegerField(default=1)
+    served_name = models.CharField(max_length=128, validators=[name_validator], blank=True,
+                                   help_text="The id clients send as `model`; defaults to the model's name.")
+    placement = models.JSONField(default=dict, blank=True, help_text='Constraints: {"accelerator": "H100", '
+                                 '"min_memory_gib": 40, "labels": {"zone": "a"}, "workers": ["gpu-0"]}.')
+    engine_args = models.JSONField(default=dict, blank=True, help_text='Engine settings, e.g. {"kv_cache_memory": '
+                                   '"8GiB", "max_num_seqs": 128, "dtype": "bfloat16"}.')
+    max_adapters = models.PositiveSmallIntegerField(default=0, help_text="LoRA slots per replica; 0: base model only.")
+    deleting = models.BooleanField(default=False, help_text="Removed once its replicas have stopped.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def engine_quantization(self) -> str | None:
+        return ENGINE_QUANTIZATION[Quantization(self.quantization)]
+
+
+class ReplicaStatus(models.TextChoices):
+    PENDING = "pending"  # wanted; waiting for a worker
+    LOADING = "loading"  # load_model sent to its worker (attempt N)
+    READY = "ready"  # serving
+    FAILED = "failed"  # see reason; retried after retry_at unless it is permanent (retry_at empty)
+    STOPPING = "stopping"  # unload_model sent; the row goes once the worker confirms (or dies)
+
+
+ACTIVE_REPLICA_STATUSES = (ReplicaStatus.LOADING, ReplicaStatus.READY, ReplicaStatus.STOPPING)
+
+
+class Replica(models.Model):
+    uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="replicas")
+    worker = models.ForeignKey(Worker, on_delete=models.SET_NULL, null=True, blank=True, related_name="replicas")
+    status = models.CharField(max_length=16, choices=ReplicaStatus.choices, default=ReplicaStatus.PENDING)
+    reason = models.TextField(blank=True)
+    # Incremented on every dispatch; messages and reports carry it, so stale ones are recognised.
+    attempt = models.PositiveIntegerField(default=0)
+    failures = models.PositiveIntegerField(default=0, help_text="Consecutive failed attempts.")
+    retry_at = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    redispatches = models.PositiveSmallIntegerField(default=0)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    load_seconds = models.FloatField(null=True, blank=True)
+    gate = models.JSONField(null=True, blank=True, help_text="Quality gate report (quantized replicas).")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["deployment_id", "id"]
+        constraints = [
+            # One engine per worker process: at most one replica occupies a worker.
+            models.UniqueConstraint(fields=["worker"], condition=Q(status__in=ACTIVE_REPLICA_STATUSES),
+                                    name="one_active_replica_per_worker"),
+        ]
+        indexes = [models.Index(fields=["status"])]
+
+    def __str__(self) -> str:
+        return f"{self.deployment.name}#{self.pk}"
+
+
+class PlacementStatus(models.TextChoices):
+    PENDING = "pending"
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+    STOPPING = "stopping"
+
+
+class AdapterPlacement(models.Model):
+    """One adapter loaded on one ready replica of its base model."""
+
+    adapter = models.ForeignKey(Adapter, on_delete=models.CASCADE, related_name="placements")
+    replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="adapter_placements")
+    status = models.CharField(max_length=16, choices=PlacementStatus.choices, default=PlacementStatus.PENDING)
+    reason = models.TextField(blank=True)
+    attempt = models.PositiveIntegerField(default=0)
+    failures = models.PositiveIntegerField(default=0)
+    retry_at = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["adapter_id", "replica_id"]
+        constraints = [models.UniqueConstraint(fields=["adapter", "replica"], name="one_placement_per_replica")]
+
+    def __str__(self) -> str:
+        return f"{self.adapter.served_name}@{self.replica_id}"

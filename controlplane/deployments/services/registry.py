@@ -1,0 +1,246 @@
+"""Writes to what should run: models, deployments, adapters. The reconciler does the rest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import ProtectedError
+
+from controlplane.errors import ApplicationError
+
+from .. import dispatch
+from ..models import (
+    QUANTIZATION_ALIASES,
+    Adapter,
+    AdapterStatus,
+    Deployment,
+    Model,
+    PlacementStatus,
+    Quantization,
+    Replica,
+    ReplicaStatus,
+)
+from ..models import name_validator as _name_validator
+
+PLACEMENT_KEYS = {"accelerator", "min_memory_gib", "labels", "workers"}
+ENGINE_ARGS = {"dtype", "kv_cache_memory", "block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+               "enable_prefix_caching", "seed", "max_waiting", "max_loras", "max_lora_rank"}
+MODEL_FIELDS = {"source", "architecture", "context_length", "quantizations", "quantized_sources", "description"}
+
+
+def _invalid(message: str, param: str, code: str = "invalid_value") -> ApplicationError:
+    return ApplicationError(message, code=code, param=param)
+
+
+def _check_name(value: str, param: str) -> None:
+    from django.core.exceptions import ValidationError
+
+    try:
+        _name_validator(value)
+    except ValidationError:
+        raise _invalid(f"{param}: {value!r} may hold only letters, digits, '.', '-' and '_'.", param) from None
+
+
+def quantization_normalize(value: str | None) -> str:
+    key = (value or "bf16").strip().lower()
+    if key not in QUANTIZATION_ALIASES:
+        raise _invalid(f"quantization: {value!r} is not one of {', '.join(Quantization.values)}.", "quantization")
+    return QUANTIZATION_ALIASES[key]
+
+
+def _check_quantizations(values: Any) -> list[str]:
+    if not isinstance(values, list) or not values:
+        raise _invalid("quantizations: a non-empty list such as [\"bf16\", \"fp8\"].", "quantizations")
+    return sorted({quantization_normalize(v) for v in values}, key=Quantization.values.index)
+
+
+def _check_placement(placement: Any) -> dict:
+    if not isinstance(placement, dict):
+        raise _invalid("placement: an object.", "placement")
+    unknown = set(placement) - PLACEMENT_KEYS
+    if unknown:
+        raise _invalid(f"placement: unknown keys {sorted(unknown)} (use {sorted(PLACEMENT_KEYS)}).", "placement")
+    if not isinstance(placement.get("labels", {}), dict):
+        raise _invalid("placement.labels: an object of label: value.", "placement")
+    if not isinstance(placement.get("workers", []), list):
+        raise _invalid("placement.workers: a list of worker names.", "placement")
+    if "min_memory_gib" in placement and not isinstance(placement["min_memory_gib"], int | float):
+        raise _invalid("placement.min_memory_gib: a number.", "placement")
+    return placement
+
+
+def _check_engine_args(engine_args: Any) -> dict:
+    if not isinstance(engine_args, dict):
+        raise _invalid("engine_args: an object.", "engine_args")
+    unknown = set(engine_args) - ENGINE_ARGS
+    if unknown:
+        raise _invalid(f"engine_args: unknown keys {sorted(unknown)} (use {sorted(ENGINE_ARGS)}).", "engine_args")
+    return engine_args
+
+
+# --- models ---------------------------------------------------------------------------------------
+
+def model_create(*, name: str, source: str = "", architecture: str = "llama", context_length: int | None = None,
+                 quantizations: list[str] | None = None, quantized_sources: dict | None = None,
+                 description: str = "") -> Model:
+    _check_name(name, "name")
+    fields = {"source": source or name, "architecture": architecture, "context_length": context_length,
+              "quantizations": _check_quantizations(quantizations or ["bf16"]),
+              "quantized_sources": quantized_sources or {}, "description": description}
+    try:
+        with transaction.atomic():
+            return Model.objects.create(name=name, **fields)
+    except IntegrityError:
+        raise ApplicationError(f"Model {name!r} already exists.", code="model_exists", status=409) from None
+
+
+def model_update(*, model: Model, **fields) -> Model:
+    unknown = set(fields) - MODEL_FIELDS
+    if unknown:
+        raise _invalid(f"Unknown model fields: {sorted(unknown)}.", sorted(unknown)[0], "invalid_field")
+    if "quantizations" in fields:
+        fields["quantizations"] = _check_quantizations(fields["quantizations"])
+    with transaction.atomic():
+        for key, value in fields.items():
+            setattr(model, key, value)
+        model.save()
+        if fields.keys() & {"source", "quantized_sources", "context_length"}:
+            _replicas_retry(Replica.objects.filter(deployment__model=model, status=ReplicaStatus.FAILED))
+    return model
+
+
+def model_delete(*, model: Model) -> None:
+    try:
+        with transaction.atomic():
+            model.delete()
+    except ProtectedError:
+        raise ApplicationError(f"Model {model.name!r} still has deployments or adapters.", code="model_in_use",
+                               status=409) from None
+
+
+# --- deployments ----------------------------------------------------------------------------------
+
+def deployment_create(*, model: Model, replicas: int = 1, quantization: str = "bf16", name: str | None = None,
+                      served_name: str | None = None, placement: dict | None = None,
+                      engine_args: dict | None = None, max_adapters: int = 0) -> Deployment:
+    quantization = quantization_normalize(quantization)
+    if quantization not in model.quantizations:
+        raise ApplicationError(f"Model {model.name!r} is not available as {quantization} (it has "
+                               f"{', '.join(model.quantizations)}).", code="quantization_unavailable",
+                               param="quantization")
+    if replicas < 0:
+        raise _invalid("replicas: must be >= 0.", "replicas")
+    name = name or (model.name if quantization == Quantization.BF16 else f"{model.name}-{quantization}")
+    _check_name(name, "name")
+    served_name = served_name or model.name
+    _check_name(served_name, "served_name")
+    try:
+        with transaction.atomic():
+            deployment = Deployment.objects.create(
+                name=name, model=model, quantization=quantization, desired_replicas=replicas, served_name=served_name,
+                placement=_check_placement(placement or {}), engine_args=_check_engine_args(engine_args or {}),
+                max_adapters=max_adapters)
+            dispatch.reconcile_soon()
+    except IntegrityError:
+        raise ApplicationError(f"Deployment {name!r} already exists.", code="deployment_exists", status=409) from None
+    return deployment
+
+
+def deployment_update(*, deployment: Deployment, replicas: int | None = None, placement: dict | None = None,
+                      engine_args: dict | None = None, max_adapters: int | None = None) -> Deployment:
+    """Scale or reconfigure. A changed spec gives failed replicas a fresh start."""
+    if replicas is not None and replicas < 0:
+        raise _invalid("replicas: must be >= 0.", "replicas")
+    with transaction.atomic():
+        deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
+        if deployment.deleting:
+            raise ApplicationError(f"Deployment {deployment.name!r} is being deleted.", code="deployment_deleting",
+                                   status=409)
+        respec = False
+        if replicas is not None:
+            deployment.desired_replicas = replicas
+        if placement is not None:
+            deployment.placement, respec = _check_placement(placement), True
+        if engine_args is not None:
+            deployment.engine_args, respec = _check_engine_args(engine_args), True
+        if max_adapters is not None:
+            deployment.max_adapters, respec = max_adapters, True
+        deployment.save()
+        if respec:
+            _replicas_retry(deployment.replicas.filter(status=ReplicaStatus.FAILED))
+        dispatch.reconcile_soon()
+    return deployment
+
+
+def deployment_apply(*, model: Model, replicas: int, quantization: str = "bf16", name: str | None = None,
+                     **fields) -> tuple[Deployment, bool]:
+    """Create the deployment, or scale the existing one of that name (the CLI's `deploy`). -> (it, created)"""
+    quantization = quantization_normalize(quantization)
+    name = name or (model.name if quantization == Quantization.BF16 else f"{model.name}-{quantization}")
+    existing = Deployment.objects.filter(name=name).first()
+    if existing is None:
+        return deployment_create(model=model, replicas=replicas, quantization=quantization, name=name, **fields), True
+    if existing.model_id != model.pk or existing.quantization != quantization:
+        raise ApplicationError(f"Deployment {name!r} serves {existing.model.name} at {existing.quantization}; "
+                               "pick another name.", code="deployment_exists", status=409)
+    fields.pop("served_name", None)
+    return deployment_update(deployment=existing, replicas=replicas, **fields), False
+
+
+def deployment_delete(*, deployment: Deployment) -> None:
+    """Scale to zero; the reconciler unloads the replicas and then removes the deployment."""
+    with transaction.atomic():
+        Deployment.objects.filter(pk=deployment.pk).update(deleting=True, desired_replicas=0)
+        dispatch.reconcile_soon()
+
+
+def replica_retry(*, replica: Replica) -> Replica:
+    """An operator's fresh start for a failed replica (its failure count resets)."""
+    if replica.status != ReplicaStatus.FAILED:
+        raise ApplicationError(f"Replica {replica.pk} is {replica.status}, not failed.", code="replica_not_failed",
+                               status=409)
+    with transaction.atomic():
+        _replicas_retry(Replica.objects.filter(pk=replica.pk))
+    replica.refresh_from_db()
+    return replica
+
+
+def _replicas_retry(queryset) -> int:
+    count = queryset.update(status=ReplicaStatus.PENDING, failures=0, retry_at=None, worker=None,
+                            reason="retrying (reset)")
+    if count:
+        dispatch.reconcile_soon()
+    return count
+
+
+# --- adapters -------------------------------------------------------------------------------------
+
+def adapter_create(*, tenant, name: str, base_model: Model, source: str, rank: int = 8) -> Adapter:
+    _check_name(name, "name")
+    if not source:
+        raise _invalid("source: required (a PEFT adapter directory or an object-store URI).", "source")
+    if not 1 <= rank <= 64:
+        raise _invalid("rank: must be in [1, 64].", "rank")
+    try:
+        with transaction.atomic():
+            adapter = Adapter.objects.create(tenant=tenant, name=name, served_name=f"{tenant.slug}:{name}",
+                                             base_model=base_model, source=source, rank=rank)
+            dispatch.reconcile_soon()
+    except IntegrityError:
+        raise ApplicationError(f"Adapter {name!r} already exists.", code="adapter_exists", status=409) from None
+    return adapter
+
+
+def adapter_delete(*, adapter: Adapter) -> None:
+    """Unload everywhere, then remove (at once when nothing is loaded)."""
+    with transaction.atomic():
+        adapter = Adapter.objects.select_for_update().get(pk=adapter.pk)
+        active = adapter.placements.filter(status__in=[PlacementStatus.LOADING, PlacementStatus.READY,
+                                                       PlacementStatus.STOPPING])
+        if not active.exists():
+            adapter.delete()
+            return
+        adapter.status = AdapterStatus.DELETING
+        adapter.save(update_fields=["status", "updated_at"])
+        dispatch.reconcile_soon()

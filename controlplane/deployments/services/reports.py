@@ -1,0 +1,152 @@
+"""Workers report how their tasks went. A report names the attempt it is about; stale ones change nothing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.errors import ApplicationError
+
+from .. import conf, dispatch
+from ..models import (
+    Adapter,
+    AdapterPlacement,
+    AdapterStatus,
+    PlacementStatus,
+    Replica,
+    ReplicaStatus,
+    Worker,
+)
+
+log = logging.getLogger("tessera.deployments")
+
+REPORTABLE = {"loading", "ready", "failed", "stopped"}
+
+
+def _check(status: str) -> None:
+    if status not in REPORTABLE:
+        raise ApplicationError(f"status: {status!r} is not one of {sorted(REPORTABLE)}.", code="invalid_value",
+                               param="status")
+
+
+def replica_report(*, worker: Worker, replica_id: int, attempt: int, status: str, reason: str = "",
+                   permanent: bool = False, load_seconds: float | None = None, gate: dict | None = None) -> dict:
+    """-> {"applied": bool, "status": the replica's status afterwards (or "gone")}."""
+    _check(status)
+    with transaction.atomic():
+        replica = Replica.objects.select_for_update().filter(pk=replica_id).first()
+        if replica is None:
+            return {"applied": False, "status": "gone"}
+        if replica.worker_id != worker.pk or replica.attempt != attempt:
+            log.info("stale replica report ignored", extra={"replica": replica_id, "attempt": attempt,
+                                                            "current_attempt": replica.attempt, "worker": worker.name})
+            return {"applied": False, "status": replica.status}
+        applied = True
+        if status == "loading" and replica.status == ReplicaStatus.LOADING:
+            replica.reason = reason or f"loading on {worker.name}"
+            replica.save(update_fields=["reason", "updated_at"])
+        elif status == "ready" and replica.status == ReplicaStatus.LOADING:
+            replica_mark_ready(replica=replica, load_seconds=load_seconds, gate=gate)
+        elif status == "failed" and replica.status in (ReplicaStatus.LOADING, ReplicaStatus.READY):
+            replica_fail(replica=replica, reason=reason or "the worker reported a failure", permanent=permanent,
+                         gate=gate)
+        elif status == "stopped" and replica.status == ReplicaStatus.STOPPING:
+            replica.delete()
+            return {"applied": True, "status": "gone"}
+        else:
+            applied = False
+        return {"applied": applied, "status": replica.status}
+
+
+def replica_mark_ready(*, replica: Replica, load_seconds: float | None = None, gate: dict | None = None) -> None:
+    replica.status = ReplicaStatus.READY
+    replica.reason = ""
+    replica.failures = 0
+    replica.retry_at = None
+    replica.ready_at = timezone.now()
+    replica.load_seconds = load_seconds
+    replica.gate = gate
+    replica.save()
+    dispatch.reconcile_soon()  # adapters follow; a drained worker's old replica may now stop
+    log.info("replica ready", extra={"replica": replica.pk, "deployment": replica.deployment_id,
+                                     "worker": replica.worker_id, "load_seconds": load_seconds})
+
+
+def replica_fail(*, replica: Replica, reason: str, permanent: bool, gate: dict | None = None) -> None:
+    """Failed: back off and retry (bounded), or stay failed when retrying cannot help."""
+    replica.failures += 1
+    replica.status = ReplicaStatus.FAILED
+    replica.worker = None
+    replica.ready_at = None
+    replica.gate = gate if gate is not None else replica.gate
+    max_attempts = int(conf.get("TESSERA_REPLICA_MAX_ATTEMPTS"))
+    if permanent or replica.failures >= max_attempts:
+        replica.retry_at = None
+        why = "not retried" if permanent else f"gave up after {replica.failures} attempts"
+        replica.reason = f"{reason} ({why}; fix the deployment or retry it)"
+    else:
+        delay = conf.retry_delay(replica.failures)
+        replica.retry_at = timezone.now() + dt.timedelta(seconds=delay)
+        replica.reason = f"{reason} (attempt {replica.failures} of {max_attempts}; retrying in {delay:.0f} s)"
+    replica.save()
+    replica.adapter_placements.all().delete()
+    log.warning("replica failed", extra={"replica": replica.pk, "deployment": replica.deployment_id,
+                                         "reason": replica.reason})
+
+
+def placement_report(*, worker: Worker, placement_id: int, attempt: int, status: str, reason: str = "",
+                     permanent: bool = False) -> dict:
+    _check(status)
+    with transaction.atomic():
+        placement = (AdapterPlacement.objects.select_for_update().select_related("replica", "adapter")
+                     .filter(pk=placement_id).first())
+        if placement is None:
+            return {"applied": False, "status": "gone"}
+        if placement.replica.worker_id != worker.pk or placement.attempt != attempt:
+            return {"applied": False, "status": placement.status}
+        adapter = placement.adapter
+        if status == "ready" and placement.status == PlacementStatus.LOADING:
+            placement.status, placement.reason, placement.failures = PlacementStatus.READY, "", 0
+            placement.save()
+        elif status == "failed" and placement.status in (PlacementStatus.LOADING, PlacementStatus.READY):
+            _placement_fail(placement, reason or "the worker reported a failure", permanent)
+        elif status == "stopped" and placement.status == PlacementStatus.STOPPING:
+            placement.delete()
+        elif status != "loading":
+            return {"applied": False, "status": placement.status}
+        adapter_refresh_status(adapter=adapter)
+        return {"applied": True, "status": placement.status if placement.pk else "gone"}
+
+
+def _placement_fail(placement: AdapterPlacement, reason: str, permanent: bool) -> None:
+    placement.failures += 1
+    placement.status = PlacementStatus.FAILED
+    max_attempts = int(conf.get("TESSERA_REPLICA_MAX_ATTEMPTS"))
+    if permanent or placement.failures >= max_attempts:
+        placement.retry_at = None
+        placement.reason = f"{reason} (not retried)" if permanent else f"{reason} (gave up after {placement.failures})"
+    else:
+        placement.retry_at = timezone.now() + dt.timedelta(seconds=conf.retry_delay(placement.failures))
+        placement.reason = f"{reason} (attempt {placement.failures} of {max_attempts})"
+    placement.save()
+
+
+def adapter_refresh_status(*, adapter: Adapter) -> None:
+    """ready if any placement serves it; failed if every placement failed for good; else pending."""
+    if adapter.status == AdapterStatus.DELETING:
+        if not adapter.placements.exists():
+            adapter.delete()
+        return
+    placements = list(adapter.placements.all())
+    if any(p.status == PlacementStatus.READY for p in placements):
+        status, reason = AdapterStatus.READY, ""
+    elif placements and all(p.status == PlacementStatus.FAILED and p.retry_at is None for p in placements):
+        status, reason = AdapterStatus.FAILED, placements[0].reason
+    else:
+        status, reason = AdapterStatus.PENDING, adapter.reason if adapter.status == AdapterStatus.PENDING else ""
+    if (status, reason) != (adapter.status, adapter.reason):
+        adapter.status, adapter.reason = status, reason
+        adapter.save(update_fields=["status", "reason", "updated_at"])

@@ -1,0 +1,131 @@
+"""Writes about workers: registration, heartbeats, drains, and what happens when one goes away."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.errors import ApplicationError
+
+from .. import dispatch
+from ..models import ACTIVE_REPLICA_STATUSES, Replica, ReplicaStatus, Worker, WorkerStatus
+
+log = logging.getLogger("tessera.deployments")
+
+REPORTED_STATUSES = {WorkerStatus.STARTING, WorkerStatus.READY, WorkerStatus.DRAINING}
+
+
+def worker_register(*, name: str, url: str, boot_id: str, accelerator: str = "", memory_bytes: int | None = None,
+                    labels: dict | None = None, status: str = WorkerStatus.STARTING) -> Worker:
+    """Create or refresh a worker. A new boot id means the process restarted: what it held is gone."""
+    if status not in REPORTED_STATUSES:
+        raise ApplicationError(f"status: {status!r} is not one of starting, ready, draining.", code="invalid_value",
+                               param="status")
+    now = timezone.now()
+    with transaction.atomic():
+        worker, created = Worker.objects.select_for_update().get_or_create(
+            name=name, defaults={"url": url, "boot_id": boot_id, "status": status})
+        if not created and worker.boot_id != boot_id:
+            _release_replicas(worker, f"worker {name} restarted")
+            worker.cordoned = False  # a drain lasts until the process restarts (or an uncordon)
+        worker.url, worker.boot_id, worker.status = url, boot_id, status
+        worker.accelerator, worker.memory_bytes, worker.labels = accelerator, memory_bytes, labels or {}
+        worker.last_heartbeat_at = now
+        worker.loaded_model, worker.loaded_adapters = "", []
+        worker.save()
+        dispatch.reconcile_soon()
+    log.info("worker registered", extra={"worker": name, "url": url, "boot_id": boot_id, "new": created})
+    return worker
+
+
+def worker_heartbeat(*, worker: Worker, boot_id: str, status: str, slot: dict | None = None,
+                     adapters: list[str] | None = None, running: int = 0, waiting: int = 0,
+                     kv_cache_usage: float = 0.0, stats: dict | None = None) -> Worker:
+    """Record a heartbeat and the load figures; reconcile what the worker says it holds."""
+    if status not in REPORTED_STATUSES:
+        raise ApplicationError(f"status: {status!r} is not one of starting, ready, draining.", code="invalid_value",
+                               param="status")
+    with transaction.atomic():
+        worker = Worker.objects.select_for_update().get(pk=worker.pk)
+        if worker.boot_id != boot_id:
+            raise ApplicationError("This worker restarted; register again.", code="worker_reregister", status=409)
+        previous = worker.status
+        slot = slot or {}
+        worker.status = status
+        worker.last_heartbeat_at = timezone.now()
+        worker.loaded_model = (slot.get("served_name") or "") if slot.get("state") == "ready" else ""
+        worker.loaded_adapters = list(adapters or [])
+        worker.num_running, worker.num_waiting, worker.kv_cache_usage = running, waiting, kv_cache_usage
+        worker.stats = {**(stats or {}), "slot": slot}
+        worker.save()
+        _sync_slot(worker, slot)
+        if previous != status and (status == WorkerStatus.DRAINING or previous == WorkerStatus.DEAD):
+            dispatch.reconcile_soon()
+    return worker
+
+
+def _sync_slot(worker: Worker, slot: dict) -> None:
+    """A ready report lost on the way is recovered from the heartbeat; a dead engine fails its replica."""
+    uid, attempt, state = slot.get("replica_uid"), slot.get("attempt"), slot.get("state")
+    if not uid:
+        return
+    replica = Replica.objects.select_for_update().filter(worker=worker, uid=uid, attempt=attempt).first()
+    if replica is None:
+        return
+    from .reports import replica_fail, replica_mark_ready
+
+    if state == "ready" and replica.status == ReplicaStatus.LOADING:
+        replica_mark_ready(replica=replica, load_seconds=slot.get("load_seconds"), gate=slot.get("gate"))
+    elif state == "dead" and replica.status == ReplicaStatus.READY:
+        replica_fail(replica=replica, reason=f"the engine on worker {worker.name} stopped: {slot.get('error', '')}",
+                     permanent=False)
+
+
+def worker_cordon(*, worker: Worker, cordoned: bool = True) -> Worker:
+    """Operator drain: no new replicas here; the reconciler moves the existing ones (make before break)."""
+    with transaction.atomic():
+        Worker.objects.filter(pk=worker.pk).update(cordoned=cordoned)
+        dispatch.reconcile_soon()
+    worker.refresh_from_db()
+    return worker
+
+
+def worker_mark_dead(*, worker: Worker, reason: str) -> Worker:
+    with transaction.atomic():
+        worker = Worker.objects.select_for_update().get(pk=worker.pk)
+        worker.status = WorkerStatus.DEAD
+        worker.loaded_model, worker.loaded_adapters = "", []
+        worker.num_running = worker.num_waiting = 0
+        worker.save()
+        moved = _release_replicas(worker, reason)
+        dispatch.reconcile_soon()
+    log.warning("worker marked dead", extra={"worker": worker.name, "reason": reason, "replicas_moved": moved})
+    return worker
+
+
+def _release_replicas(worker: Worker, reason: str) -> int:
+    """The worker holds nothing any more: replicas it was stopping are gone, the others wait for a new home."""
+    moved = 0
+    for replica in Replica.objects.select_for_update().filter(worker=worker, status__in=ACTIVE_REPLICA_STATUSES):
+        replica.adapter_placements.all().delete()
+        if replica.status == ReplicaStatus.STOPPING:
+            replica.delete()
+            continue
+        replica.worker = None
+        replica.status = ReplicaStatus.PENDING
+        replica.reason = f"rescheduling: {reason}"
+        replica.ready_at = None
+        replica.save()
+        moved += 1
+    return moved
+
+
+def worker_report(worker: Worker) -> dict[str, Any]:
+    """What the register/heartbeat answer tells the worker."""
+    from .. import conf
+
+    return {"worker": worker.name, "queue": worker.queue, "status": worker.status,
+            "heartbeat_seconds": conf.get("TESSERA_WORKER_HEARTBEAT_SECONDS")}

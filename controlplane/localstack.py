@@ -1,0 +1,262 @@
+"""`make run`: the whole platform on this machine, deployed through the real deployment path.
+
+    python -m controlplane.localstack [--port 8000] [--worker-port 8100] [--model smollm2-135m-instruct]
+
+Embedded defaults: SQLite and the file-system Celery broker under var/ (TESSERA_VAR_DIR), no
+Redis. With DATABASE_URL, CELERY_BROKER_URL (Redis or RabbitMQ) and REDIS_URL set, it uses them.
+
+1. migrate (seeds the tiers);
+2. starts, each in its own process group with its log under var/logs/: the control plane (uvicorn,
+   ASGI: gateway + admin + APIs), a Celery worker and Celery beat (the reconciler), and one CPU
+   data-plane worker that registers itself and consumes its own queue, idle until told to load;
+3. applies a Deployment of the model (1 replica): the reconciler places it, `load_model` runs in
+   the data-plane worker, the replica turns ready;
+4. makes a demo tenant and a fresh API key, waits until the gateway's /v1/models lists the model,
+   prints the key, a curl and an openai example, and finally the two lines
+   `TESSERA_URL=...` and `TESSERA_API_KEY=...` on their own;
+5. runs until SIGINT (Ctrl-C) or SIGTERM: then terminates every child, waits for them, exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Child:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], logs: Path) -> None:
+        self.name = name
+        self.log_path = logs / f"{name}.log"
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - open for the child's lifetime
+        # A process group of its own: a terminal's Ctrl-C reaches only this script, which stops
+        # the children in order (a second SIGINT would cut the data-plane worker's drain short).
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def terminate(self) -> None:
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> None:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            print(f"  {self.name} did not stop in {timeout:.0f} s; killing it", flush=True)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._log.close()
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m controlplane.localstack", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("TESSERA_PORT", "8000")))
+    parser.add_argument("--worker-port", type=int, default=int(os.environ.get("TESSERA_WORKER_PORT", "8100")))
+    parser.add_argument("--model", default=os.environ.get("TESSERA_MODEL", "smollm2-135m-instruct"))
+    parser.add_argument("--kv-cache-memory", default="256MiB")
+    parser.add_argument("--ready-timeout", type=float, default=600, help="seconds to wait for the model to serve")
+    return parser.parse_args(argv)
+
+
+def environment(args: argparse.Namespace) -> dict[str, str]:
+    var = Path(os.environ.get("TESSERA_VAR_DIR") or ROOT / "var").resolve()
+    var.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TESSERA_VAR_DIR": str(var), "PYTHONUNBUFFERED": "1", "TESSERA_WORKERS": ""}
+    env.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings.base")
+    env.setdefault("TESSERA_WORKER_TOKEN", secrets.token_urlsafe(24))  # this run's workers and control plane
+    env.setdefault("TESSERA_RECONCILE_SECONDS", "2")
+    env.setdefault("CELERY_BROKER_URL", "filesystem://")
+    if env["CELERY_BROKER_URL"].startswith("filesystem://"):
+        broker = Path(env.setdefault("TESSERA_BROKER_FOLDER", str(var / "broker")))
+        shutil.rmtree(broker / "queue", ignore_errors=True)  # messages of an earlier run: nobody consumes yet
+    return env
+
+
+def start_children(args: argparse.Namespace, env: dict[str, str], logs: Path) -> list[Child]:
+    py, var = sys.executable, Path(env["TESSERA_VAR_DIR"])
+    control_plane = f"http://{args.host}:{args.port}"
+    worker_env = {**env, "TESSERA_CONTROL_PLANE_URL": control_plane, "TESSERA_WORKER_ID": "local-cpu-0"}
+    worker_env.pop("DATABASE_URL", None)  # a data-plane worker talks to the control plane over HTTP only
+    quiet = ["--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "warning"]
+    specs = [
+        ("web", [py, "-m", "uvicorn", "controlplane.asgi:application", "--host", args.host, "--port",
+                 str(args.port), "--log-level", "warning"], env),
+        ("celery-worker", [py, "-m", "celery", "-A", "controlplane", "worker", "--pool", "threads", "-c", "2",
+                           *quiet], env),
+        ("celery-beat", [py, "-m", "celery", "-A", "controlplane", "beat", "-s", str(var / "celerybeat-schedule"),
+                         "-l", "warning"], env),
+        ("worker", [py, "-m", "dataplane.worker.agent", "--host", args.host, "--port", str(args.worker_port),
+                    "--dtype", "bfloat16", "--kv-cache-memory", args.kv_cache_memory], worker_env),
+    ]
+    children = []
+    for name, argv, child_env in specs:
+        child = Child(name, argv, child_env, logs)
+        children.append(child)
+        print(f"  started {name:<14} pid {child.pid:<7} log {child.log_path}", flush=True)
+    return children
+
+
+def setup_platform(model_name: str) -> tuple[str, str]:
+    """Migrate, deploy the model through the deployments services, make the demo key -> (key, tenant slug)."""
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0, interactive=False)
+    from controlplane.deployments import services as deployments
+    from controlplane.deployments.models import Model
+    from tenants import selectors, services
+    from tenants.models import Tenant
+
+    model = Model.objects.filter(name=model_name).first() or deployments.model_create(name=model_name)
+    deployments.deployment_apply(model=model, replicas=1)
+    tenant = Tenant.objects.filter(slug="demo").first()
+    if tenant is None:
+        tenant, created = services.tenant_create_with_key(name="Demo", slug="demo",
+                                                          tier=selectors.tier_get(name="enterprise"))
+    else:
+        created = services.api_key_create(tenant=tenant, name=f"localstack {time.strftime('%Y-%m-%d %H:%M')}",
+                                          can_manage=True)
+    return created.secret, tenant.slug
+
+
+def replica_summary(model_name: str) -> str:
+    from django.db import close_old_connections
+
+    from controlplane.deployments.models import Replica
+
+    close_old_connections()
+    rows = Replica.objects.filter(deployment__name=model_name).values_list("status", "reason")
+    return ", ".join(f"{status}" + (f" ({reason})" if reason else "") for status, reason in rows) or "none yet"
+
+
+def wait_until_served(base: str, key: str, model: str, children: list[Child], timeout: float,
+                      stopping: threading.Event) -> None:
+    deadline, last = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline and not stopping.is_set():
+        for child in children:
+            if not child.alive():
+                raise RuntimeError(f"{child.name} exited with {child.proc.returncode}:\n{child.tail()}")
+        try:
+            answer = httpx.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=5)
+            if answer.status_code == 200 and model in {m["id"] for m in answer.json().get("data", [])}:
+                return
+        except (httpx.HTTPError, ValueError):
+            pass
+        state = replica_summary(model)
+        if state != last:
+            print(f"  replica: {state}", flush=True)
+            last = state
+        stopping.wait(1.0)
+    if not stopping.is_set():
+        raise TimeoutError(f"{model} did not serve within {timeout:.0f} s (see the logs)")
+
+
+def banner(base: str, key: str, model: str, logs: Path) -> str:
+    return f"""
+Tessera is up: {model} is deployed on one CPU worker and served through the gateway.
+
+  API key (tenant "demo", shown once): {key}
+  Admin:  {base}/admin/   (create a login: python manage.py createsuperuser)
+  API:    {base}/api/v1/docs/
+  Logs:   {logs}/
+
+curl {base}/v1/chat/completions \\
+  -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
+  -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+
+python - <<'EOF'
+from openai import OpenAI
+client = OpenAI(base_url="{base}/v1", api_key="{key}")
+reply = client.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Hello!"}}])
+print(reply.choices[0].message.content)
+EOF
+
+Ctrl-C stops everything.
+"""
+
+
+def stop_children(children: list[Child]) -> None:
+    print("stopping...", flush=True)
+    for child in reversed(children):  # the data-plane worker first: it drains, then says so
+        child.terminate()
+    for child in reversed(children):
+        child.wait(30)
+        print(f"  {child.name} exited ({child.proc.returncode})", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    for port in (args.port, args.worker_port):
+        if not port_free(args.host, port):
+            print(f"error: {args.host}:{port} is in use (--port / --worker-port choose others)", file=sys.stderr)
+            return 2
+    env = environment(args)
+    os.environ.update({k: v for k, v in env.items() if k not in os.environ or os.environ[k] != v})
+    logs = Path(env["TESSERA_VAR_DIR"]) / "logs"
+    logs.mkdir(exist_ok=True)
+    stopping = threading.Event()
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda *_: stopping.set())
+
+    print(f"Tessera local stack (state in {env['TESSERA_VAR_DIR']})", flush=True)
+    key, _ = setup_platform(args.model)
+    children = start_children(args, env, logs)
+    base = f"http://{args.host}:{args.port}"
+    code = 0
+    try:
+        wait_until_served(base, key, args.model, children, args.ready_timeout, stopping)
+        if not stopping.is_set():
+            print(banner(base, key, args.model, logs), flush=True)
+            print(f"TESSERA_URL={base}/v1", flush=True)
+            print(f"TESSERA_API_KEY={key}", flush=True)
+        while not stopping.wait(1.0):
+            dead = next((c for c in children if not c.alive()), None)
+            if dead is not None:
+                print(f"{dead.name} exited with {dead.proc.returncode}:\n{dead.tail()}", file=sys.stderr, flush=True)
+                code = 1
+                break
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        code = 1
+    finally:
+        stop_children(children)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

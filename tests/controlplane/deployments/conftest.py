@@ -1,0 +1,73 @@
+"""Deployments fixtures: recorded task messages (no broker), registered workers, models, tenants."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+# Django models are imported inside fixtures: this conftest loads before Django is set up.
+
+
+class Sent(list):
+    """(task name, args, queue) tuples, in the order they were published."""
+
+    def of(self, name: str) -> list[tuple[str, list, str | None]]:
+        return [m for m in self if m[0] == name]
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """Every task message the control plane publishes, recorded instead of sent to a broker."""
+    from controlplane.deployments import dispatch
+
+    messages = Sent()
+    monkeypatch.setattr(dispatch, "send", lambda name, args, queue=None, expires=None: messages.append(
+        (name, list(args), queue)))
+    return messages
+
+
+@pytest.fixture
+def commit(django_capture_on_commit_callbacks):
+    """Run what a block queued with transaction.on_commit (the test case's transaction never commits)."""
+    return lambda: django_capture_on_commit_callbacks(execute=True)
+
+
+@pytest.fixture
+def make_worker(db):
+    from controlplane.deployments import services
+
+    def make(name: str | None = None, *, accelerator: str = "cpu", memory_bytes: int = 16 * 2**30,
+             labels: dict | None = None, status: str = "ready"):
+        name = name or f"w-{uuid.uuid4().hex[:6]}"
+        return services.worker_register(name=name, url=f"http://{name}.test:8100", boot_id="boot-1",
+                                         accelerator=accelerator, memory_bytes=memory_bytes, labels=labels,
+                                         status=status)
+
+    return make
+
+
+@pytest.fixture
+def make_model(db):
+    from controlplane.deployments import services
+
+    def make(name: str = "smollm2-135m-instruct", **fields):
+        return services.model_create(name=name, **fields)
+
+    return make
+
+
+@pytest.fixture
+def make_tenant(db):
+    from tenants import selectors, services
+
+    def make(name: str | None = None):
+        return services.tenant_create_with_key(name=name or f"T {uuid.uuid4().hex[:6]}",
+                                               tier=selectors.tier_get(name="standard"))
+
+    return make
+
+
+@pytest.fixture
+def operator(django_user_model):
+    return django_user_model.objects.create_user("op", password="pw", is_staff=True, is_superuser=True)

@@ -1,0 +1,78 @@
+"""The worker-facing internal API: token, registration, heartbeats, specs and reports over HTTP."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.deployments import reconciler, services
+from controlplane.deployments.models import Replica, Worker
+
+pytestmark = pytest.mark.django_db
+
+TOKEN = "worker-secret"
+
+
+@pytest.fixture
+def worker_client(client, settings):
+    settings.TESSERA_WORKER_TOKEN = TOKEN
+
+    def call(method: str, path: str, body: dict | None = None, token: str | None = TOKEN, **extra):
+        headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
+        fn = getattr(client, method)
+        kwargs = {"data": body, "content_type": "application/json"} if body is not None else {}
+        return fn(f"/internal/v1/{path}", **kwargs, **headers, **extra)
+
+    return call
+
+
+def register(call, name="w1", boot="b1"):
+    return call("post", "workers/register", {"name": name, "url": f"http://{name}:8100", "boot_id": boot,
+                                              "accelerator": "cpu", "memory_bytes": 2**34, "status": "ready"})
+
+
+def test_the_worker_token_is_required(worker_client, settings, client):
+    assert worker_client("post", "workers/register", {}, token=None).status_code == 401
+    assert worker_client("post", "workers/register", {}, token="wrong").status_code == 401
+    assert register(worker_client).status_code == 200
+    settings.TESSERA_WORKER_TOKEN = ""  # no token configured: loopback callers only
+    assert client.post("/internal/v1/workers/w1/heartbeat", {"boot_id": "b1", "status": "ready"},
+                       content_type="application/json", REMOTE_ADDR="10.1.2.3").status_code == 401
+    assert client.post("/internal/v1/workers/w1/heartbeat", {"boot_id": "b1", "status": "ready"},
+                       content_type="application/json").status_code == 200
+    assert client.get("/internal/v1/health").json() == {"status": "ok"}
+
+
+def test_register_heartbeat_and_reregistration(worker_client):
+    answer = register(worker_client).json()
+    assert answer["queue"] == "worker.w1" and answer["heartbeat_seconds"] == 2
+    beat = {"boot_id": "b1", "status": "ready", "running": 3, "waiting": 1, "kv_cache_usage": 0.25,
+            "slot": {"state": "idle"}, "stats": {"engine_builds": 0}}
+    assert worker_client("post", "workers/w1/heartbeat", beat).status_code == 200
+    worker = Worker.objects.get(name="w1")
+    assert (worker.num_running, worker.num_waiting, worker.kv_cache_usage) == (3, 1, 0.25)
+    assert worker.stats["engine_builds"] == 0 and worker.stats["slot"] == {"state": "idle"}
+    assert worker_client("post", "workers/nobody/heartbeat", beat).status_code == 404  # -> the agent registers
+    assert worker_client("post", "workers/w1/heartbeat", {**beat, "boot_id": "other"}).status_code == 409
+    assert worker_client("post", "workers/w1/heartbeat", {**beat, "status": "dead"}).status_code == 400
+
+
+def test_spec_and_report_of_an_assigned_replica(worker_client, make_model, django_capture_on_commit_callbacks):
+    register(worker_client)
+    register(worker_client, name="w2", boot="b2")
+    services.deployment_create(model=make_model(context_length=2048), replicas=1,
+                               engine_args={"kv_cache_memory": "256MiB"}, placement={"workers": ["w1"]})
+    reconciler.reconcile()
+    replica = Replica.objects.get()
+    spec = worker_client("get", f"workers/w1/replicas/{replica.pk}").json()
+    assert spec["uid"] == str(replica.uid) and spec["attempt"] == 1 and spec["status"] == "loading"
+    assert spec["model"]["source"] == "smollm2-135m-instruct" and spec["served_name"] == "smollm2-135m-instruct"
+    assert spec["engine_args"] == {"kv_cache_memory": "256MiB", "max_model_len": 2048}
+    assert spec["engine_quantization"] is None
+    assert worker_client("get", f"workers/w2/replicas/{replica.pk}").status_code == 404  # not its replica
+    ok = worker_client("post", f"workers/w1/replicas/{replica.pk}/status",
+                       {"attempt": 1, "status": "ready", "load_seconds": 4.2})
+    assert ok.json() == {"applied": True, "status": "ready"}
+    replica.refresh_from_db()
+    assert replica.status == "ready" and replica.load_seconds == 4.2
+    bad = worker_client("post", f"workers/w1/replicas/{replica.pk}/status", {"attempt": 1, "status": "exploded"})
+    assert bad.status_code == 400
