@@ -1,0 +1,1 @@
+"""Kernel benchmarks: `python -m benchmarks.kernels` runs them all, `python -m benchmarks.kernels.bench_<op>` one."""

@@ -1,0 +1,249 @@
+"""Plain-torch twins of the Triton kernels: same signatures, same results within rounding.
+
+They are the definition the kernels are tested against, and the path the engine runs on
+the CPU, so they compute in float32, vectorize where that is simple, and avoid per-token
+Python loops.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.awq_layout import awq_dequantize
+
+FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
+
+
+# --- attention -------------------------------------------------------------------------------
+
+
+def gather_kv(
+    cache: torch.Tensor, block_table: torch.Tensor, num_tokens: int
+) -> torch.Tensor:
+    """[num_tokens, num_kv_heads, head_dim] of one sequence, read through its block table."""
+    block_size = cache.shape[1]
+    num_blocks = -(-num_tokens // block_size)
+    blocks = cache[block_table[:num_blocks].long()]  # [blocks, block_size, Hkv, D]
+    return blocks.reshape(-1, *cache.shape[2:])[:num_tokens]
+
+
+def paged_decode_attention_ref(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    *,
+    num_splits: int | None = None,  # the kernel's tuning knob; no meaning here
+) -> torch.Tensor:
+    num_seqs, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    group = num_heads // num_kv_heads
+    max_ctx = int(context_lens.max()) if num_seqs else 0
+    if max_ctx == 0:
+        return torch.zeros_like(q)
+    num_blocks = -(-max_ctx // block_size)
+    table = block_tables[:, :num_blocks].long()
+    # [S, blocks, block_size, Hkv, D] → [S, Hkv, T, D], padded to the longest context.
+    k = key_cache[table].flatten(1, 2)[:, :max_ctx].transpose(1, 2).float()
+    v = value_cache[table].flatten(1, 2)[:, :max_ctx].transpose(1, 2).float()
+    qg = q.float().reshape(num_seqs, num_kv_heads, group, head_dim)
+    scores = torch.matmul(qg, k.transpose(-1, -2)) * scale  # [S, Hkv, group, T]
+    valid = torch.arange(max_ctx, device=q.device)[None, :] < context_lens[:, None].to(q.device)
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # an empty context gives zeros
+    out = torch.matmul(probs, v).reshape(num_seqs, num_heads, head_dim)
+    return out.to(q.dtype)
+
+
+def prefill_attention_ref(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    *,
+    max_seqlen_q: int | None = None,  # the kernel's grid size; no meaning here
+) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its cached prefix plus themselves."""
+    _, num_heads, head_dim = q.shape
+    num_kv_heads = key_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    bounds = cu_seqlens_q.tolist()
+    for seq, ctx in enumerate(context_lens.tolist()):
+        start, end = bounds[seq], bounds[seq + 1]
+        q_len = end - start
+        if q_len == 0:
+            continue
+        prefix = ctx - q_len
+        k = gather_kv(key_cache, block_tables[seq], ctx).float().transpose(0, 1)  # [Hkv, ctx, D]
+        v = gather_kv(value_cache, block_tables[seq], ctx).float().transpose(0, 1)
+        qs = q[start:end].float().transpose(0, 1).reshape(num_kv_heads, group * q_len, head_dim)
+        scores = torch.matmul(qs, k.transpose(-1, -2)).reshape(num_kv_heads, group, q_len, ctx) * scale
+        query_pos = prefix + torch.arange(q_len, device=q.device)
+        allowed = torch.arange(ctx, device=q.device)[None, :] <= query_pos[:, None]
+        probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+        o = torch.matmul(probs.reshape(num_kv_heads, group * q_len, ctx), v)  # [Hkv, group*q, D]
+        out[start:end] = o.reshape(num_heads, q_len, head_dim).transpose(0, 1).to(q.dtype)
+    return out
+
+
+# --- normalization, rotary, activation -------------------------------------------------------
+
+
+def rms_norm_ref(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (normed, new_residual); new_residual is x + residual, or x when residual is None.
+
+    Rounds where Hugging Face's LlamaRMSNorm rounds (the sum and the normalized value are cast
+    to the input dtype before the weight multiply), so bf16 outputs match transformers bit for bit.
+    """
+    if residual is not None:
+        x = x + residual  # torch adds half types in float32 and rounds once, as the kernel does
+    # F.rms_norm's fused CPU kernel: 1.5x faster than the spelled-out mean/rsqrt at 32 x 576 bf16
+    # (24 vs 37 us, one thread), with the same results.
+    normed = F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
+    return (normed * weight).to(x.dtype), x
+
+
+def rotary_embedding_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_cache: torch.Tensor,
+    sin_cache: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """NeoX / HF ``rotate_half`` rotary: x·cos + rotate_half(x)·sin on [T, heads, head_dim]."""
+    cos = cos_cache[positions.long()].float()[:, None, :]
+    sin = sin_cache[positions.long()].float()[:, None, :]
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+    return rotate(q), rotate(k)
+
+
+def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
+    """[T, 2I] → [T, I]: silu(gate) * up, gate the first half as a fused gate_up projection writes it."""
+    half = x.shape[-1] // 2
+    return (F.silu(x[..., :half].float()) * x[..., half:].float()).to(x.dtype)
+
+
+# --- LoRA ------------------------------------------------------------------------------------
+
+
+def segments_to_token_ids(seg_indptr: torch.Tensor, seg_lora_ids: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Per-token adapter ids from segments; tokens outside every segment get -1."""
+    ids = torch.full((num_tokens,), -1, dtype=torch.int32, device=seg_lora_ids.device)
+    lengths = (seg_indptr[1:] - seg_indptr[:-1]).long()
+    start, end = int(seg_indptr[0]), int(seg_indptr[-1])
+    ids[start:end] = torch.repeat_interleave(seg_lora_ids.to(torch.int32), lengths)
+    return ids
+
+
+def bgmv_shrink_ref(
+    x: torch.Tensor, lora_a: torch.Tensor, scaling: torch.Tensor, token_lora_ids: torch.Tensor
+) -> torch.Tensor:
+    """[T, in] → float32 [T, rank]: scaling[slot] · x A[slot]^T per token, zeros where the id is -1."""
+    out = torch.zeros(x.shape[0], lora_a.shape[1], dtype=torch.float32, device=x.device)
+    for slot in token_lora_ids.unique().tolist():  # a handful of adapters, not one loop per token
+        if slot < 0:
+            continue
+        rows = token_lora_ids == slot
+        out[rows] = (x[rows].float() @ lora_a[slot].float().t()) * float(scaling[slot])
+    return out
+
+
+def bgmv_expand_ref(
+    y: torch.Tensor,
+    buf: torch.Tensor,
+    lora_b: torch.Tensor,
+    token_lora_ids: torch.Tensor,
+    col_offset: int = 0,
+) -> torch.Tensor:
+    """y[:, col_offset:col_offset+out] += buf B[slot]^T per token, in place; returns y."""
+    cols = slice(col_offset, col_offset + lora_b.shape[1])
+    for slot in token_lora_ids.unique().tolist():
+        if slot < 0:
+            continue
+        rows = (token_lora_ids == slot).nonzero().squeeze(1)
+        delta = buf[rows].float() @ lora_b[slot].float().t()
+        y[rows, cols] = (y[rows, cols].float() + delta).to(y.dtype)
+    return y
+
+
+def sgmv_shrink_ref(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    scaling: torch.Tensor,
+    seg_indptr: torch.Tensor,
+    seg_lora_ids: torch.Tensor,
+    *,
+    max_seg_len: int | None = None,  # the kernel's grid size; no meaning here
+) -> torch.Tensor:
+    ids = segments_to_token_ids(seg_indptr, seg_lora_ids, x.shape[0])
+    return bgmv_shrink_ref(x, lora_a, scaling, ids)
+
+
+def sgmv_expand_ref(
+    y: torch.Tensor,
+    buf: torch.Tensor,
+    lora_b: torch.Tensor,
+    seg_indptr: torch.Tensor,
+    seg_lora_ids: torch.Tensor,
+    col_offset: int = 0,
+    *,
+    max_seg_len: int | None = None,
+) -> torch.Tensor:
+    ids = segments_to_token_ids(seg_indptr, seg_lora_ids, y.shape[0])
+    return bgmv_expand_ref(y, buf, lora_b, ids, col_offset)
+
+
+# --- quantized GEMMs -------------------------------------------------------------------------
+
+
+def fp8_linear_ref(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ (weight [N, K] e4m3 · weight_scale [N])^T → [M, N] in x's dtype."""
+    w = weight.float() * weight_scale.float()[:, None]
+    return (x.float() @ w.t()).to(x.dtype)
+
+
+def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-row e4m3 quantization: (x_fp8 [M, K], scale float32 [M, 1]), x ≈ x_fp8 · scale."""
+    amax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
+    scale = amax / FP8_MAX
+    x_fp8 = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return x_fp8, scale
+
+
+def fp8_w8a8_linear_ref(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """The W8A8 result: activations quantized per token to e4m3, exact products, float32 sums."""
+    x_fp8, x_scale = quantize_fp8_per_token(x)
+    return fp8_linear_ref((x_fp8.float() * x_scale).to(torch.float32), weight, weight_scale).to(x.dtype)
+
+
+def awq_gemm_ref(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int = 128,
+) -> torch.Tensor:
+    """x [M, K] @ dequantized AWQ weight [K, N] → [M, N] in x's dtype."""
+    w = awq_dequantize(qweight, qzeros, scales, group_size)
+    return (x.float() @ w).to(x.dtype)
+
+
+def quantize_fp8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """nn.Linear weight [N, K] → (e4m3 [N, K], float32 scale [N]) with weight ≈ w_fp8 · scale[:, None]."""
+    amax = weight.abs().amax(dim=1).float().clamp(min=1e-12)
+    scale = amax / FP8_MAX
+    w_fp8 = (weight.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return w_fp8, scale
