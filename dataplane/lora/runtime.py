@@ -1,0 +1,43 @@
+"""The runner's LoRA state: device slots, and the per-step context built from the batch."""
+
+from __future__ import annotations
+
+import torch
+
+from dataplane.config import LoRAConfig
+from dataplane.lora.context import LoRAStepContext, build_context
+from dataplane.lora.registry import AdapterRegistry
+from dataplane.lora.slots import LoRASlots
+from dataplane.models.config import LlamaArgs
+
+
+class LoRARuntime:
+    def __init__(self, registry: AdapterRegistry, config: LoRAConfig, args: LlamaArgs, dtype: torch.dtype,
+                 device: torch.device, use_kernels: bool | None = None) -> None:
+        if use_kernels is None:
+            from kernels import dispatch
+
+            use_kernels = dispatch.use_triton(device)
+        self.registry = registry
+        self.use_kernels = use_kernels
+        self.slots = LoRASlots(args, config.max_loras, config.max_lora_rank, dtype, device, kernel_layout=use_kernels)
+
+    def prepare(self, rows: list[tuple[str | None, int]], num_decodes: int) -> LoRAStepContext | None:
+        """rows: (adapter key or None, tokens) per request in batch order. None when no row has an adapter."""
+        keys = sorted({key for key, _ in rows if key is not None})
+        if not keys:
+            return None
+        adapters = []
+        for key in keys:
+            adapter = self.registry.by_key(key)
+            if adapter is None:
+                raise RuntimeError(f"adapter {key!r} is scheduled but no longer loaded")
+            adapters.append(adapter)
+        slot_of = self.slots.assign(adapters)
+        groups = frozenset().union(*(a.groups for a in adapters))
+        rank = max(a.rank for a in adapters)
+        return build_context(self.slots, [(None if k is None else slot_of[k], n) for k, n in rows], num_decodes,
+                             rank, groups, self.use_kernels)
+
+    def forget(self, key: str) -> None:
+        self.slots.release(key)
