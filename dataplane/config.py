@@ -63,6 +63,11 @@ class SchedulerConfig:
     max_waiting: int | None = None  # refuse new requests beyond this many waiting (None: unbounded)
     aging_seconds: float = 10.0  # a waiting request gains one priority level per this many seconds
     long_prefill_token_threshold: int = 0  # cap one request's prefill chunk (0: no cap but the budget)
+    # ITL guard: while any request of priority <= itl_guard_priority is running or waiting, requests of
+    # a lower priority get at most itl_guard_tokens prefill tokens per step between them, so their long
+    # prompts cannot stretch the protected tiers' decode steps (None: off).
+    itl_guard_priority: int | None = None
+    itl_guard_tokens: int = 32
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -75,6 +80,8 @@ class SchedulerConfig:
             raise ValueError(f"aging_seconds: must be > 0, got {self.aging_seconds}")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold: must be >= 0")
+        if self.itl_guard_tokens < 0:
+            raise ValueError(f"itl_guard_tokens: must be >= 0, got {self.itl_guard_tokens}")
 
 
 @dataclass(slots=True)

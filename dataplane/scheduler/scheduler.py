@@ -43,6 +43,7 @@ class Scheduler:
         self.running: list[Request] = []
         self._finished_since_schedule: set[str] = set()
         self._seq = 0
+        self._guard_left: int | None = None  # this step's ITL-guard prefill budget (see _itl_guard_budget)
         self.num_preemptions = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
@@ -106,13 +107,16 @@ class Scheduler:
         def rank(r: Request) -> tuple[int, int]:
             return (r.effective_priority(now, aging), r.seq)
 
+        self._guard_left = self._itl_guard_budget()
         self.running.sort(key=rank)
         for req in list(self.running):
             if budget == 0:
                 break
             if req.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            n = self._chunk(req.num_tokens - req.num_computed_tokens, budget)
+            n = self._chunk(req.num_tokens - req.num_computed_tokens, budget, req)
+            if n == 0:
+                continue  # a guarded prefill waits for a step with guard budget left
             new = self.kv.allocate_slots(req, n)
             while new is None:
                 # Out of blocks: recompute-preempt the lowest-priority, latest request not yet
@@ -127,6 +131,7 @@ class Scheduler:
             out.cached_requests.append(CachedRequestData(req.request_id, [b.block_id for b in new],
                                                          req.num_computed_tokens))
             out.num_scheduled_tokens[req.request_id] = n
+            self._take(req, n)
             budget -= n
 
         if not out.preempted_request_ids:
@@ -137,10 +142,30 @@ class Scheduler:
         self._finished_since_schedule = set()
         return out
 
-    def _chunk(self, remaining: int, budget: int) -> int:
+    def _chunk(self, remaining: int, budget: int, req: Request | None = None) -> int:
         n = min(remaining, budget)
         cap = self.config.long_prefill_token_threshold
-        return min(n, cap) if cap else n
+        n = min(n, cap) if cap else n
+        if req is not None and self._guard_left is not None and remaining > 1 \
+                and req.priority > self.config.itl_guard_priority:
+            n = min(n, self._guard_left)  # a guarded prefill chunk (decodes, remaining == 1, pass freely)
+        return n
+
+    def _itl_guard_budget(self) -> int | None:
+        """Prefill tokens lower-priority requests may take this step (None: no guard applies).
+
+        Base priorities, not aged ones: aging orders the queue; it must not switch the guard off."""
+        p = self.config.itl_guard_priority
+        if p is None:
+            return None
+        if any(r.priority <= p for r in self.running) or any(r.priority <= p for r in self.waiting):
+            return self.config.itl_guard_tokens
+        return None
+
+    def _take(self, req: Request, n: int) -> None:
+        if self._guard_left is not None and req.priority > self.config.itl_guard_priority \
+                and req.num_tokens - req.num_computed_tokens > 1:
+            self._guard_left -= n
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float, rank) -> int:  # noqa: ANN001
         self.waiting.sort(key=rank)
@@ -156,14 +181,17 @@ class Scheduler:
             if loras is not None and not loras.admits(req.adapter):
                 i += 1  # its adapter has no slot this step; requests of running adapters may go ahead
                 continue
+            if self._guard_left == 0 and req.priority > self.config.itl_guard_priority:
+                i += 1  # the ITL guard's prefill budget is spent; a protected request further back may go
+                continue
             if len(self.running) >= self.config.max_num_seqs and not self._preempt_for(req, out, now):
                 break
             hits, num_hit = self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else ([], 0)
-            n = self._chunk(req.num_tokens - num_hit, budget)
+            n = self._chunk(req.num_tokens - num_hit, budget, req)
             new = self.kv.allocate_slots(req, n, hits)
             while new is None and self._preempt_for(req, out, now):
                 budget = self.config.max_num_batched_tokens - sum(out.num_scheduled_tokens.values())
-                n = self._chunk(req.num_tokens - num_hit, budget)
+                n = self._chunk(req.num_tokens - num_hit, budget, req)
                 new = self.kv.allocate_slots(req, n, hits)
             if new is None:
                 break  # strict order within priority: later requests do not jump ahead
@@ -185,6 +213,7 @@ class Scheduler:
                 num_prompt_tokens=req.num_prompt_tokens, block_ids=self.kv.block_ids(req.request_id),
                 num_computed_tokens=num_hit, sampling_params=req.sampling_params, adapter=req.adapter))
             out.num_scheduled_tokens[req.request_id] = n
+            self._take(req, n)
             budget -= n
         return budget
 

@@ -34,6 +34,10 @@ class WorkerConfig:
     max_num_batched_tokens: int = 512
     enable_prefix_caching: bool = True
     seed: int = 0
+    # ITL guard: while requests of priority <= itl_guard_priority are in the engine, lower priorities get
+    # at most itl_guard_tokens prefill tokens per step (dataplane/scheduler). Empty: off.
+    itl_guard_priority: int | None = None
+    itl_guard_tokens: int = 32
     # LoRA adapters (dataplane/lora); loaded at run time through POST /v1/adapters
     enable_lora: bool = False
     max_loras: int = 4  # adapters in device slots at once (distinct adapters per step)
@@ -93,6 +97,7 @@ class WorkerConfig:
             "max_model_len": self.max_model_len, "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens, "max_waiting": self.max_waiting,
             "enable_prefix_caching": self.enable_prefix_caching, "seed": self.seed, "progress": False,
+            "itl_guard_priority": self.itl_guard_priority, "itl_guard_tokens": self.itl_guard_tokens,
             **({"enable_lora": True, "max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank,
                 "max_cpu_loras": self.max_cpu_loras} if self.enable_lora else {}),
         }
@@ -131,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     types = {"port": int, "block_size": int, "max_num_seqs": int, "max_num_batched_tokens": int, "seed": int,
              "max_waiting": int, "retry_after": int, "max_n": int, "default_max_tokens": int,
              "drain_timeout": float, "max_model_len": _optional_int, "max_loras": int, "max_lora_rank": int,
-             "max_cpu_loras": _optional_int}
+             "max_cpu_loras": _optional_int, "itl_guard_priority": _optional_int, "itl_guard_tokens": int}
     for f in fields(WorkerConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.type == "bool":

@@ -215,3 +215,42 @@ def test_n_siblings_wait_for_the_leader_then_share_its_prompt_blocks():
     assert shared <= set(sched.kv.block_ids("p#1"))
     drain(sched)
     assert_no_leaks(sched)
+
+
+def test_itl_guard_caps_lower_tiers_prefill_while_a_protected_request_runs():
+    sched = make_scheduler(max_num_batched_tokens=64, num_blocks=128, itl_guard_priority=10, itl_guard_tokens=8)
+    sched.add_request(make_request("premium", prompt_len=6, max_tokens=20, priority=10))
+    run_step(sched)  # premium's prompt; it decodes from now on
+    sched.add_request(make_request("free-a", prompt_len=40, max_tokens=2, priority=30, first_token=300))
+    sched.add_request(make_request("free-b", prompt_len=40, max_tokens=2, priority=30, first_token=600))
+    out, _ = run_step(sched)
+    # Without the guard free-a would take 40 tokens and free-b the rest of the budget.
+    assert out.num_scheduled_tokens == {"premium": 1, "free-a": 8}
+    out, _ = run_step(sched)
+    assert out.num_scheduled_tokens == {"premium": 1, "free-a": 8}
+    # A protected arrival is not capped, and the guard budget is shared by the lower tiers only.
+    sched.add_request(make_request("premium-2", prompt_len=30, max_tokens=2, priority=10, first_token=900))
+    out, _ = run_step(sched)
+    assert out.num_scheduled_tokens["premium-2"] == 30 and out.num_scheduled_tokens["free-a"] == 8
+    drain(sched)
+    assert_no_leaks(sched)
+
+
+def test_itl_guard_lifts_when_no_protected_request_is_left():
+    sched = make_scheduler(max_num_batched_tokens=64, itl_guard_priority=10, itl_guard_tokens=8)
+    sched.add_request(make_request("free", prompt_len=40, max_tokens=2, priority=30))
+    out, _ = run_step(sched)
+    assert out.num_scheduled_tokens == {"free": 40}  # nothing to protect: the whole budget
+    sched = make_scheduler(max_num_batched_tokens=64, itl_guard_priority=10, itl_guard_tokens=0)
+    sched.add_request(make_request("premium", prompt_len=6, max_tokens=3, priority=10))
+    sched.add_request(make_request("free", prompt_len=40, max_tokens=2, priority=30, first_token=300))
+    out, _ = run_step(sched)
+    assert out.num_scheduled_tokens == {"premium": 6}  # tokens=0: no lower-tier prefill beside premium
+    steps = drain(sched)
+    assert any("free" in o.num_scheduled_tokens for o, _ in steps)  # it runs once premium is done
+    assert_no_leaks(sched)
+
+
+def test_itl_guard_config_is_checked():
+    with pytest.raises(ValueError, match="itl_guard_tokens"):
+        make_scheduler(itl_guard_priority=10, itl_guard_tokens=-1)
