@@ -41,7 +41,7 @@ MODEL = "smollm2-135m-instruct"
 # name, priority, TTFT p95 target ms, ITL p95 target ms (the seeded tiers' targets)
 TIERS = [("free", 30, 5000, 250), ("standard", 20, 2000, 120), ("premium", 10, 1000, 80)]
 WORKER_FLAGS = ["--dtype=bfloat16", "--kv-cache-memory=256MiB", "--max-num-seqs=8", "--max-num-batched-tokens=256",
-                "--waiting-limits=20=16,30=4", "--max-waiting=64"]
+                "--waiting-limits=20=16,30=4", "--max-waiting=64", "--itl-guard-priority=10", "--itl-guard-tokens=32"]
 GATEWAY_SHED = "20=6,30=2"  # gateway sheds standard at 6 queued, free at 2 (the worker's limits are the backstop)
 
 
@@ -139,7 +139,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=30.0, help="per load level")
     p.add_argument("--probe-seconds", type=float, default=10.0, help="per capacity probe rate")
-    p.add_argument("--probe-rates", default="0.5,1,1.5,2,3", help="premium-only rates tried for capacity (req/s)")
+    p.add_argument("--probe-rates", default="1,2,3,4,5,6,8,10,12", help="premium-only rates tried for capacity (req/s)")
     p.add_argument("--levels", default="1,2,4", help="multiples of the measured capacity")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--capacity", type=float, default=None, help="skip the probe and use this rate (req/s)")

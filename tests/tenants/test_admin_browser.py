@@ -46,6 +46,7 @@ def browser():
 
 def test_admin_pages_render(browser, live_server, django_user_model):
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     from tenants import services
 
@@ -57,7 +58,10 @@ def test_admin_pages_render(browser, live_server, django_user_model):
     browser.find_element(By.NAME, "username").send_keys("admin")
     browser.find_element(By.NAME, "password").send_keys("pw")
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    assert "Site administration" in browser.page_source
+    # click() returns before the POST's answer is loaded: wait for the next page, not for a fixed time.
+    WebDriverWait(browser, 30).until(lambda d: "/admin/login/" not in d.current_url
+                                     or "errornote" in d.page_source)
+    assert "Site administration" in browser.page_source, browser.page_source[-2000:]
 
     pages = {
         "/admin/tenants/tier/": ["free", "standard", "premium", "enterprise", "By budget enforcement"],
