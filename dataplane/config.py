@@ -74,8 +74,9 @@ class SchedulerConfig:
             raise ValueError(f"max_num_seqs: must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens: must be >= 1, got {self.max_num_batched_tokens}")
-        if self.max_waiting is not None and self.max_waiting < 0:
-            raise ValueError(f"max_waiting: must be >= 0 or None, got {self.max_waiting}")
+        if self.max_waiting is not None and self.max_waiting < 1:
+            # Every request waits at least until the next step, so 0 would refuse them all.
+            raise ValueError(f"max_waiting: must be >= 1 or None, got {self.max_waiting}")
         if self.aging_seconds <= 0:
             raise ValueError(f"aging_seconds: must be > 0, got {self.aging_seconds}")
         if self.long_prefill_token_threshold < 0:

@@ -64,8 +64,8 @@ class WorkerConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_n", "default_max_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if self.max_waiting < 0:
-            raise ValueError(f"max_waiting: must be >= 0, got {self.max_waiting}")
+        if self.max_waiting < 1:
+            raise ValueError(f"max_waiting: must be >= 1 (every request waits for the next step), got {self.max_waiting}")
         if self.retry_after < 0:
             raise ValueError(f"retry_after: must be >= 0, got {self.retry_after}")
         if self.drain_timeout < 0:

@@ -254,3 +254,8 @@ def test_itl_guard_lifts_when_no_protected_request_is_left():
 def test_itl_guard_config_is_checked():
     with pytest.raises(ValueError, match="itl_guard_tokens"):
         make_scheduler(itl_guard_priority=10, itl_guard_tokens=-1)
+
+
+def test_a_zero_waiting_limit_is_refused_since_it_would_refuse_every_request():
+    with pytest.raises(ValueError, match="max_waiting: must be >= 1"):
+        make_scheduler(max_waiting=0)

@@ -18,6 +18,7 @@ def test_flags_over_environment_over_defaults():
 @pytest.mark.parametrize("argv,env,field", [
     ([], {}, "model"),
     (["--model", "m", "--max-waiting", "-1"], {}, "max_waiting"),
+    (["--model", "m", "--max-waiting", "0"], {}, "max_waiting"),
     (["--model", "m", "--kv-cache-memory", "lots"], {}, "kv_cache_memory"),
     (["--model", "m"], {"TESSERA_WORKER_PORT": "eighty"}, "port"),
     (["--model", "m"], {"TESSERA_WORKER_ENABLE_PREFIX_CACHING": "maybe"}, "enable_prefix_caching"),
