@@ -68,6 +68,9 @@ class SchedulerConfig:
     # prompts cannot stretch the protected tiers' decode steps (None: off).
     itl_guard_priority: int | None = None
     itl_guard_tokens: int = 32
+    # ... and, under the same condition, at most this many lower-priority requests are admitted to run
+    # (a decode step's time grows with its batch on a CPU); None: no seat cap.
+    itl_guard_seqs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -83,6 +86,8 @@ class SchedulerConfig:
             raise ValueError("long_prefill_token_threshold: must be >= 0")
         if self.itl_guard_tokens < 0:
             raise ValueError(f"itl_guard_tokens: must be >= 0, got {self.itl_guard_tokens}")
+        if self.itl_guard_seqs is not None and self.itl_guard_seqs < 0:
+            raise ValueError(f"itl_guard_seqs: must be >= 0 or None, got {self.itl_guard_seqs}")
 
 
 @dataclass(slots=True)

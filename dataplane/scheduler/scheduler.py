@@ -162,6 +162,13 @@ class Scheduler:
             return self.config.itl_guard_tokens
         return None
 
+    def _guard_seats_full(self) -> bool:
+        cap = self.config.itl_guard_seqs
+        if cap is None:
+            return False
+        p = self.config.itl_guard_priority
+        return sum(1 for r in self.running if r.priority > p) >= cap
+
     def _take(self, req: Request, n: int) -> None:
         if self._guard_left is not None and req.priority > self.config.itl_guard_priority \
                 and req.num_tokens - req.num_computed_tokens > 1:
@@ -181,8 +188,9 @@ class Scheduler:
             if loras is not None and not loras.admits(req.adapter):
                 i += 1  # its adapter has no slot this step; requests of running adapters may go ahead
                 continue
-            if self._guard_left == 0 and req.priority > self.config.itl_guard_priority:
-                i += 1  # the ITL guard's prefill budget is spent; a protected request further back may go
+            if self._guard_left is not None and req.priority > self.config.itl_guard_priority and (
+                    self._guard_left == 0 or self._guard_seats_full()):
+                i += 1  # the ITL guard's prefill budget or seats are spent; a protected request may go
                 continue
             if len(self.running) >= self.config.max_num_seqs and not self._preempt_for(req, out, now):
                 break

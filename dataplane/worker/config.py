@@ -34,10 +34,14 @@ class WorkerConfig:
     max_num_batched_tokens: int = 512
     enable_prefix_caching: bool = True
     seed: int = 0
+    # torch intra-op threads (default: torch's own choice). On a CPU shared with a gateway or other
+    # processes, fewer threads than cores avoids every parallel region waiting for a descheduled one.
+    threads: int | None = None
     # ITL guard: while requests of priority <= itl_guard_priority are in the engine, lower priorities get
     # at most itl_guard_tokens prefill tokens per step (dataplane/scheduler). Empty: off.
     itl_guard_priority: int | None = None
     itl_guard_tokens: int = 32
+    itl_guard_seqs: int | None = None  # ... and at most this many of them run (empty: no seat cap)
     # LoRA adapters (dataplane/lora); loaded at run time through POST /v1/adapters
     enable_lora: bool = False
     max_loras: int = 4  # adapters in device slots at once (distinct adapters per step)
@@ -64,6 +68,8 @@ class WorkerConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_n", "default_max_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads: must be >= 1, got {self.threads}")
         if self.max_waiting < 1:
             raise ValueError(f"max_waiting: must be >= 1 (every request waits for the next step), got {self.max_waiting}")
         if self.retry_after < 0:
@@ -98,6 +104,7 @@ class WorkerConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens, "max_waiting": self.max_waiting,
             "enable_prefix_caching": self.enable_prefix_caching, "seed": self.seed, "progress": False,
             "itl_guard_priority": self.itl_guard_priority, "itl_guard_tokens": self.itl_guard_tokens,
+            "itl_guard_seqs": self.itl_guard_seqs,
             **({"enable_lora": True, "max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank,
                 "max_cpu_loras": self.max_cpu_loras} if self.enable_lora else {}),
         }
@@ -136,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     types = {"port": int, "block_size": int, "max_num_seqs": int, "max_num_batched_tokens": int, "seed": int,
              "max_waiting": int, "retry_after": int, "max_n": int, "default_max_tokens": int,
              "drain_timeout": float, "max_model_len": _optional_int, "max_loras": int, "max_lora_rank": int,
-             "max_cpu_loras": _optional_int, "itl_guard_priority": _optional_int, "itl_guard_tokens": int}
+             "max_cpu_loras": _optional_int, "itl_guard_priority": _optional_int, "itl_guard_tokens": int, "itl_guard_seqs": _optional_int,
+             "threads": _optional_int}
     for f in fields(WorkerConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.type == "bool":

@@ -79,6 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     setup_logging(config.log_level)
+    if config.threads is not None:
+        import torch
+
+        torch.set_num_threads(config.threads)
     if not config.token and not _is_loopback(config.host):
         log.warning("listening beyond loopback without a worker token", extra={"host": config.host})
     state = WorkerState(config)

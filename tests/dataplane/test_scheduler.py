@@ -259,3 +259,18 @@ def test_itl_guard_config_is_checked():
 def test_a_zero_waiting_limit_is_refused_since_it_would_refuse_every_request():
     with pytest.raises(ValueError, match="max_waiting: must be >= 1"):
         make_scheduler(max_waiting=0)
+
+
+def test_itl_guard_seats_hold_lower_tiers_back_but_not_protected_arrivals():
+    sched = make_scheduler(max_num_seqs=8, itl_guard_priority=10, itl_guard_tokens=64, itl_guard_seqs=2)
+    sched.add_request(make_request("premium", prompt_len=4, max_tokens=6, priority=10))
+    for i in range(4):
+        sched.add_request(make_request(f"free-{i}", prompt_len=4, max_tokens=3, priority=30, first_token=100 * (i + 2)))
+    out, _ = run_step(sched)
+    assert set(out.num_scheduled_tokens) == {"premium", "free-0", "free-1"}  # two lower-tier seats
+    sched.add_request(make_request("premium-2", prompt_len=4, max_tokens=2, priority=10, first_token=900))
+    out, _ = run_step(sched)
+    assert "premium-2" in out.num_scheduled_tokens and "free-2" not in out.num_scheduled_tokens
+    steps = drain(sched)
+    assert any("free-3" in o.num_scheduled_tokens for o, _ in steps)  # admitted once seats free up
+    assert_no_leaks(sched)

@@ -19,6 +19,7 @@ def test_flags_over_environment_over_defaults():
     ([], {}, "model"),
     (["--model", "m", "--max-waiting", "-1"], {}, "max_waiting"),
     (["--model", "m", "--max-waiting", "0"], {}, "max_waiting"),
+    (["--model", "m", "--threads", "0"], {}, "threads"),
     (["--model", "m", "--kv-cache-memory", "lots"], {}, "kv_cache_memory"),
     (["--model", "m"], {"TESSERA_WORKER_PORT": "eighty"}, "port"),
     (["--model", "m"], {"TESSERA_WORKER_ENABLE_PREFIX_CACHING": "maybe"}, "enable_prefix_caching"),
