@@ -146,10 +146,13 @@ class Scheduler:
         n = min(remaining, budget)
         cap = self.config.long_prefill_token_threshold
         n = min(n, cap) if cap else n
-        if req is not None and self._guard_left is not None and remaining > 1 \
-                and req.priority > self.config.itl_guard_priority:
+        if req is not None and self._guarded(req, remaining):
             n = min(n, self._guard_left)  # a guarded prefill chunk (decodes, remaining == 1, pass freely)
         return n
+
+    def _guarded(self, req: Request, remaining: int) -> bool:
+        """A lower-priority prefill while the ITL guard applies this step."""
+        return self._guard_left is not None and remaining > 1 and req.priority > self.config.itl_guard_priority
 
     def _itl_guard_budget(self) -> int | None:
         """Prefill tokens lower-priority requests may take this step (None: no guard applies).
@@ -170,8 +173,7 @@ class Scheduler:
         return sum(1 for r in self.running if r.priority > p) >= cap
 
     def _take(self, req: Request, n: int) -> None:
-        if self._guard_left is not None and req.priority > self.config.itl_guard_priority \
-                and req.num_tokens - req.num_computed_tokens > 1:
+        if self._guarded(req, req.num_tokens - req.num_computed_tokens):
             self._guard_left -= n
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float, rank) -> int:  # noqa: ANN001
