@@ -84,7 +84,7 @@ def run_engine(loaded, work: Workload, concurrency: int, dtype: str, batched_tok
             token_times[o.request_id].extend([now] * sum(len(c.token_ids) for c in o.outputs))
     elapsed = time.perf_counter() - start
     ttft = [t[0] - start for t in token_times.values()]
-    itl = [b - a for t in token_times.values() for a, b in zip(t, t[1:])]
+    itl = [b - a for t in token_times.values() for a, b in zip(t, t[1:], strict=False)]
     tokens = sum(len(t) for t in token_times.values())
     return {"tokens": tokens, "seconds": elapsed, "tok_s": tokens / elapsed, "steps": steps,
             "ttft_p50_ms": percentile(ttft, 50) * 1e3, "ttft_p99_ms": percentile(ttft, 99) * 1e3,
@@ -175,16 +175,16 @@ def main() -> None:
         w = Workload(uni.prompts[: max(c, 8 if c == 1 else c)], uni.outputs[: max(c, 8 if c == 1 else c)]) \
             if c == 1 else uni
         results["uniform"][f"engine_c{c}"] = run_engine(loaded, w, c, args.dtype)
-        print("uniform engine c=%d: %.1f tok/s" % (c, results["uniform"][f"engine_c{c}"]["tok_s"]), flush=True)
+        print(f"uniform engine c={c}: {results['uniform'][f'engine_c{c}']['tok_s']:.1f} tok/s", flush=True)
     hf = load_transformers(torch.bfloat16)
     results["uniform"]["transformers_one_at_a_time"] = run_hf_one_at_a_time(hf, uni, args.hf_uniform_requests)
-    print("uniform transformers: %.1f tok/s" % results["uniform"]["transformers_one_at_a_time"]["tok_s"], flush=True)
+    print(f"uniform transformers: {results['uniform']['transformers_one_at_a_time']['tok_s']:.1f} tok/s", flush=True)
 
     mixed = mixed_workload(tok, args.mixed_requests)
     results["mixed"]["engine"] = run_engine(loaded, mixed, 64, args.dtype)
-    print("mixed engine: %.1f tok/s" % results["mixed"]["engine"]["tok_s"], flush=True)
+    print(f"mixed engine: {results['mixed']['engine']['tok_s']:.1f} tok/s", flush=True)
     results["mixed"]["transformers_static_16"] = run_hf_static_batches(hf, mixed, 16, args.mixed_requests)
-    print("mixed transformers: %.1f tok/s" % results["mixed"]["transformers_static_16"]["tok_s"], flush=True)
+    print(f"mixed transformers: {results['mixed']['transformers_static_16']['tok_s']:.1f} tok/s", flush=True)
 
     u, m = results["uniform"], results["mixed"]
     hf1 = u["transformers_one_at_a_time"]["tok_s"]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import itertools
-import sys
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any
 
