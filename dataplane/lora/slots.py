@@ -1,18 +1,21 @@
 """Device slots: `max_loras` adapters stacked per layer and fused projection, least recently used evicted.
 
 Per fused projection g (qkv, o, gate_up, down) with n sub-projections, one tensor over all
-layers and slots holds A and one holds B, rank-major then sub-projection:
+layers and slots holds A and one holds B. A is rank-major then sub-projection:
 
-    row/column j * n + k  =  rank j of sub-projection k
+    A row/column j * n + k  =  rank j of sub-projection k
 
 so the first `rank * n` rows are every sub-projection's ranks below `rank`, and a step whose
 adapters have rank <= r computes on a contiguous slice instead of the full `max_lora_rank`.
-B is block-structured: sub-projection k's columns are non-zero only in its rows of the fused
-output, so one expand covers q, k and v (or gate and up) together.
 
-Layouts: the Triton kernels read A as [slots, rank, in] and B as [slots, out, rank] (unit stride
-in the last dimension); the CPU path multiplies by A^T and B^T, so it stores [slots, in, rank]
-and [slots, rank, out] and its batched matmuls get contiguous operands.
+Layouts:
+- Triton kernels: A [slots, R*n, in] and B [slots, out, R*n] (unit stride in the last
+  dimension). B is block-structured: sub-projection k's columns are non-zero only in its rows
+  of the fused output, so one expand covers q, k and v (or gate and up) together.
+- CPU: A^T [slots, in, R*n] and a compact B^T [slots, R, out]: row j holds rank j of every
+  sub-projection, each in its own columns. The CPU path expands each sub-projection on its
+  column slice, so it neither stores nor multiplies the zeros of the block structure (which were
+  half of gate_up's bytes and two thirds of qkv's). CPU slots are float32 (see runtime.py).
 
 Buffers of a fused projection are allocated when the first adapter that targets it is loaded:
 attention-only adapters cost no MLP memory and no MLP compute.
@@ -41,7 +44,7 @@ class LoRASlots:
         self.kernel_layout = kernel_layout
         self.shapes: dict[str, GroupShape] = group_shapes(args)
         self.a: dict[str, torch.Tensor] = {}  # group -> [layers, slots, R*n, in] or [layers, slots, in, R*n]
-        self.b: dict[str, torch.Tensor] = {}  # group -> [layers, slots, out, R*n] or [layers, slots, R*n, out]
+        self.b: dict[str, torch.Tensor] = {}  # group -> [layers, slots, out, R*n] or [layers, slots, R, out]
         self.keys: list[str | None] = [None] * num_slots  # adapter key held by each slot
         self.adapters: list[LoRAAdapter | None] = [None] * num_slots
         self.last_used = [0] * num_slots
@@ -55,9 +58,12 @@ class LoRASlots:
     def num_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.a.values(), *self.b.values()))
 
-    def views(self, group: str, lo: int, hi: int, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def views(self, group: str, lo: int, hi: int, rank: int) -> list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
         """Per layer, (A, B) of slots lo..hi-1 cut to `rank`; cached, since slicing per layer and
-        projection every step is a few hundred dispatcher calls (the buffers never move)."""
+        projection every step is a few hundred dispatcher calls (the buffers never move).
+
+        Kernel layout: B is one tensor. CPU layout: B is one [slots, rank, out_k] column slice per
+        sub-projection."""
         key = (group, lo, hi, rank)
         views = self._views.get(key)
         if views is None:
@@ -66,9 +72,15 @@ class LoRASlots:
             if self.kernel_layout:
                 views = [(a[i, lo:hi, :rn], b[i, lo:hi, :, :rn]) for i in range(self.num_layers)]
             else:
-                views = [(a[i, lo:hi, :, :rn], b[i, lo:hi, :rn]) for i in range(self.num_layers)]
+                views = [(a[i, lo:hi, :, :rn], self.sub_columns(group, b[i, lo:hi, :rank]))
+                         for i in range(self.num_layers)]
             self._views[key] = views
         return views
+
+    def sub_columns(self, group: str, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A CPU-layout B [..., rank, out] split into each sub-projection's columns (views)."""
+        shape = self.shapes[group]
+        return tuple(b[..., shape.out_offset(k) : shape.out_offset(k) + n] for k, n in enumerate(shape.out_features))
 
     def assign(self, adapters: list[LoRAAdapter]) -> dict[str, int]:
         """Slots for this step's adapters (at most num_slots distinct), copying in those not resident."""
@@ -137,14 +149,14 @@ class LoRASlots:
                 b[rows].view(-1, big_r, n)[:, :r, s.sub] = sb
             else:
                 a.view(shape.in_features, big_r, n)[:, :r, s.sub] = sa.t()
-                b[:, rows].view(big_r, n, -1)[:r, s.sub] = sb.t()
+                b[:r, rows] = sb.t()
 
     def _allocate(self, group: str) -> None:
         shape = self.shapes[group]
         rn = self.max_rank * len(GROUPS[group])
         lead = (self.num_layers, self.num_slots)
         a_shape = (*lead, rn, shape.in_features) if self.kernel_layout else (*lead, shape.in_features, rn)
-        b_shape = (*lead, shape.out_total, rn) if self.kernel_layout else (*lead, rn, shape.out_total)
+        b_shape = (*lead, shape.out_total, rn) if self.kernel_layout else (*lead, self.max_rank, shape.out_total)
         self.a[group] = torch.zeros(a_shape, dtype=self.dtype, device=self.device)
         self.b[group] = torch.zeros(b_shape, dtype=self.dtype, device=self.device)
         log.info("lora_buffers_allocated", extra={"group": group, "mib": round(self.num_bytes / 2**20, 1)})
