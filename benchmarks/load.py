@@ -42,14 +42,18 @@ MODEL = "smollm2-135m-instruct"
 TIERS = [("free", 30, 5000, 250), ("standard", 20, 2000, 120), ("premium", 10, 1000, 80)]
 WORKER_FLAGS = ["--dtype=bfloat16", "--kv-cache-memory=256MiB", "--max-num-seqs=8", "--max-num-batched-tokens=256",
                 "--waiting-limits=20=16,30=4", "--max-waiting=64", "--itl-guard-priority=10", "--itl-guard-tokens=32",
-                "--itl-guard-seqs=3", "--threads=1"]
+                "--itl-guard-seqs=3", "--itl-guard-step-tokens=16", "--threads=1"]
 GATEWAY_SHED = "20=6,30=2"  # gateway sheds standard at 6 queued, free at 2 (the worker's limits are the backstop)
 
 
 def prepare(env: dict) -> dict[str, str]:
     script = (
-        "import django, json; django.setup();"
+        "import django, json, datetime, decimal; django.setup();"
         "from django.core.management import call_command; call_command('migrate', verbosity=0);"
+        # Priced like production, so metering prices every request (unpriced usage logs an error each).
+        "from billing.services.prices import price_create; D = decimal.Decimal;"
+        f"price_create(model={MODEL!r}, input_per_mtok=D('0.10'), cached_input_per_mtok=D('0.05'),"
+        " output_per_mtok=D('0.40'), effective_from=datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC));"
         "from tenants import services; keys = {};"
         f"tiers = {TIERS!r};"
         "\nfor name, prio, ttft, itl in tiers:"

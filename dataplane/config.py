@@ -71,6 +71,10 @@ class SchedulerConfig:
     # ... and, under the same condition, at most this many lower-priority requests are admitted to run
     # (a decode step's time grows with its batch on a CPU); None: no seat cap.
     itl_guard_seqs: int | None = None
+    # ... and, while one of the protected requests is decoding, a step's prefill tokens of every priority
+    # (protected ones first) total at most this many: a 32-token chunk beside 8 decodes doubles a CPU
+    # step's matmul time, and every decoding protected request waits for that step (None: no cap).
+    itl_guard_step_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -88,6 +92,9 @@ class SchedulerConfig:
             raise ValueError(f"itl_guard_tokens: must be >= 0, got {self.itl_guard_tokens}")
         if self.itl_guard_seqs is not None and self.itl_guard_seqs < 0:
             raise ValueError(f"itl_guard_seqs: must be >= 0 or None, got {self.itl_guard_seqs}")
+        if self.itl_guard_step_tokens is not None and self.itl_guard_step_tokens < 1:
+            # 0 would stop every prefill while a protected request decodes, its own queue included.
+            raise ValueError(f"itl_guard_step_tokens: must be >= 1 or None, got {self.itl_guard_step_tokens}")
 
 
 @dataclass(slots=True)

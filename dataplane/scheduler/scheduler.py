@@ -44,6 +44,8 @@ class Scheduler:
         self._finished_since_schedule: set[str] = set()
         self._seq = 0
         self._guard_left: int | None = None  # this step's ITL-guard prefill budget (see _itl_guard_budget)
+        self._step_prefill_left: int | None = None  # this step's prefill cap, all priorities (_step_prefill_cap)
+        self._protected_waiting = False  # a protected request is waiting this step (first claim on the cap)
         self.num_preemptions = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
@@ -108,6 +110,7 @@ class Scheduler:
             return (r.effective_priority(now, aging), r.seq)
 
         self._guard_left = self._itl_guard_budget()
+        self._step_prefill_left = self._step_prefill_cap()
         self.running.sort(key=rank)
         for req in list(self.running):
             if budget == 0:
@@ -148,6 +151,11 @@ class Scheduler:
         n = min(n, cap) if cap else n
         if req is not None and self._guarded(req, remaining):
             n = min(n, self._guard_left)  # a guarded prefill chunk (decodes, remaining == 1, pass freely)
+        if self._step_prefill_left is not None and remaining > 1:
+            # Protected requests waiting to start have the first claim on the capped prefill,
+            # ahead of lower-priority prefills already running (the running ones go first otherwise).
+            yield_to_waiting = self._protected_waiting and req is not None and req.priority > self.config.itl_guard_priority
+            n = 0 if yield_to_waiting else min(n, self._step_prefill_left)
         return n
 
     def _guarded(self, req: Request, remaining: int) -> bool:
@@ -165,6 +173,18 @@ class Scheduler:
             return self.config.itl_guard_tokens
         return None
 
+    def _step_prefill_cap(self) -> int | None:
+        """Prefill tokens this step may carry, all priorities together (None: no cap): the ITL
+        guard's step cap, while a protected request is decoding (its prompt done)."""
+        p, cap = self.config.itl_guard_priority, self.config.itl_guard_step_tokens
+        self._protected_waiting = False
+        if p is None or cap is None:
+            return None
+        if any(r.priority <= p and r.num_tokens - r.num_computed_tokens <= 1 for r in self.running):
+            self._protected_waiting = any(r.priority <= p for r in self.waiting)
+            return cap
+        return None
+
     def _guard_seats_full(self) -> bool:
         cap = self.config.itl_guard_seqs
         if cap is None:
@@ -173,8 +193,11 @@ class Scheduler:
         return sum(1 for r in self.running if r.priority > p) >= cap
 
     def _take(self, req: Request, n: int) -> None:
-        if self._guarded(req, req.num_tokens - req.num_computed_tokens):
+        remaining = req.num_tokens - req.num_computed_tokens
+        if self._guarded(req, remaining):
             self._guard_left -= n
+        if self._step_prefill_left is not None and remaining > 1:
+            self._step_prefill_left -= n
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float, rank) -> int:  # noqa: ANN001
         self.waiting.sort(key=rank)
@@ -194,6 +217,8 @@ class Scheduler:
                     self._guard_left == 0 or self._guard_seats_full()):
                 i += 1  # the ITL guard's prefill budget or seats are spent; a protected request may go
                 continue
+            if self._step_prefill_left == 0:
+                break  # this step's prefill cap is spent, for every priority
             if len(self.running) >= self.config.max_num_seqs and not self._preempt_for(req, out, now):
                 break
             hits, num_hit = self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else ([], 0)

@@ -42,6 +42,8 @@ class WorkerConfig:
     itl_guard_priority: int | None = None
     itl_guard_tokens: int = 32
     itl_guard_seqs: int | None = None  # ... and at most this many of them run (empty: no seat cap)
+    # ... and while a protected request decodes, each step's prefill (all priorities) is capped (empty: off)
+    itl_guard_step_tokens: int | None = None
     # LoRA adapters (dataplane/lora); loaded at run time through POST /v1/adapters
     enable_lora: bool = False
     max_loras: int = 4  # adapters in device slots at once (distinct adapters per step)
@@ -70,6 +72,8 @@ class WorkerConfig:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads: must be >= 1, got {self.threads}")
+        if self.itl_guard_step_tokens is not None and self.itl_guard_step_tokens < 1:
+            raise ValueError(f"itl_guard_step_tokens: must be >= 1, got {self.itl_guard_step_tokens}")
         if self.max_waiting < 1:
             raise ValueError(f"max_waiting: must be >= 1 (every request waits for the next step), got {self.max_waiting}")
         if self.retry_after < 0:
@@ -104,7 +108,7 @@ class WorkerConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens, "max_waiting": self.max_waiting,
             "enable_prefix_caching": self.enable_prefix_caching, "seed": self.seed, "progress": False,
             "itl_guard_priority": self.itl_guard_priority, "itl_guard_tokens": self.itl_guard_tokens,
-            "itl_guard_seqs": self.itl_guard_seqs,
+            "itl_guard_seqs": self.itl_guard_seqs, "itl_guard_step_tokens": self.itl_guard_step_tokens,
             **({"enable_lora": True, "max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank,
                 "max_cpu_loras": self.max_cpu_loras} if self.enable_lora else {}),
         }
@@ -144,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
              "max_waiting": int, "retry_after": int, "max_n": int, "default_max_tokens": int,
              "drain_timeout": float, "max_model_len": _optional_int, "max_loras": int, "max_lora_rank": int,
              "max_cpu_loras": _optional_int, "itl_guard_priority": _optional_int, "itl_guard_tokens": int, "itl_guard_seqs": _optional_int,
+             "itl_guard_step_tokens": _optional_int,
              "threads": _optional_int}
     for f in fields(WorkerConfig):
         flag = "--" + f.name.replace("_", "-")

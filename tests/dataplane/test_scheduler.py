@@ -274,3 +274,29 @@ def test_itl_guard_seats_hold_lower_tiers_back_but_not_protected_arrivals():
     steps = drain(sched)
     assert any("free-3" in o.num_scheduled_tokens for o, _ in steps)  # admitted once seats free up
     assert_no_leaks(sched)
+
+
+def test_itl_guard_step_cap_limits_every_prefill_while_a_protected_request_decodes():
+    sched = make_scheduler(max_num_batched_tokens=64, num_blocks=128, itl_guard_priority=10, itl_guard_tokens=32,
+                           itl_guard_step_tokens=12)
+    sched.add_request(make_request("premium", prompt_len=30, max_tokens=20, priority=10))
+    out, _ = run_step(sched)
+    assert out.num_scheduled_tokens == {"premium": 30}  # nobody decodes yet: no step cap
+    sched.add_request(make_request("free", prompt_len=40, max_tokens=2, priority=30, first_token=300))
+    out, _ = run_step(sched)
+    assert out.num_scheduled_tokens == {"premium": 1, "free": 12}  # under the lower tiers' own 32
+    # A protected arrival is capped too, and takes the step's prefill ahead of the running free chunk.
+    sched.add_request(make_request("premium-2", prompt_len=20, max_tokens=2, priority=10, first_token=900))
+    out, _ = run_step(sched)
+    assert out.num_scheduled_tokens == {"premium": 1, "premium-2": 12}
+    out, _ = run_step(sched)
+    assert out.num_scheduled_tokens == {"premium": 1, "premium-2": 8, "free": 4}
+    steps = drain(sched)
+    assert all(sum(n for n in o.num_scheduled_tokens.values() if n > 1) <= 12
+               for o, _ in steps if "premium" in o.num_scheduled_tokens)
+    assert_no_leaks(sched)
+
+
+def test_itl_guard_step_cap_config_is_checked():
+    with pytest.raises(ValueError, match="itl_guard_step_tokens: must be >= 1"):
+        make_scheduler(itl_guard_priority=10, itl_guard_step_tokens=0)

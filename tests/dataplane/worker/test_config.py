@@ -13,6 +13,8 @@ def test_flags_over_environment_over_defaults():
     assert c.enable_prefix_caching is False and c.max_model_len is None
     assert load_config(["--model", "x", "--no-enable-prefix-caching"], {}).enable_prefix_caching is False
     assert load_config(["--model", "x", "--max-model-len", "512"], {}).engine_kwargs()["max_model_len"] == 512
+    guard = load_config(["--model", "x", "--itl-guard-priority", "10", "--itl-guard-step-tokens", "16"], {})
+    assert (guard.engine_kwargs()["itl_guard_priority"], guard.engine_kwargs()["itl_guard_step_tokens"]) == (10, 16)
 
 
 @pytest.mark.parametrize("argv,env,field", [
@@ -20,6 +22,7 @@ def test_flags_over_environment_over_defaults():
     (["--model", "m", "--max-waiting", "-1"], {}, "max_waiting"),
     (["--model", "m", "--max-waiting", "0"], {}, "max_waiting"),
     (["--model", "m", "--threads", "0"], {}, "threads"),
+    (["--model", "m", "--itl-guard-step-tokens", "0"], {}, "itl_guard_step_tokens"),
     (["--model", "m", "--kv-cache-memory", "lots"], {}, "kv_cache_memory"),
     (["--model", "m"], {"TESSERA_WORKER_PORT": "eighty"}, "port"),
     (["--model", "m"], {"TESSERA_WORKER_ENABLE_PREFIX_CACHING": "maybe"}, "enable_prefix_caching"),
