@@ -146,11 +146,46 @@ def run_hf_static_batches(model, work: Workload, batch: int, limit: int) -> dict
             "queue_wait_p50_ms": percentile(ttft, 50) * 1e3}
 
 
+def _uniform_rows(u: dict) -> list[str]:
+    rows = ["| workload | system | tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) |", "|---|---|---:|---:|---:|"]
+    for c in (1, 8, 32):
+        r = u[f"engine_c{c}"]
+        rows.append(f"| uniform 32×(~128 in, 64 out) | tessera, concurrency {c} | {fmt(r['tok_s'])} | "
+                    f"{fmt(r['ttft_p50_ms'], 0)} / {fmt(r['ttft_p99_ms'], 0)} | "
+                    f"{fmt(r['itl_p50_ms'])} / {fmt(r['itl_p99_ms'])} |")
+    r = u["transformers_one_at_a_time"]
+    rows.append(f"| uniform | transformers bf16, one at a time ({r['requests']} requests) | {fmt(r['tok_s'])} | "
+                f"{fmt(r['ttft_p50_ms'], 0)} / {fmt(r['ttft_p99_ms'], 0)} | – |")
+    return rows
+
+
+def write_uniform_only(results: dict, args: argparse.Namespace, roofline: float, bandwidth: float,
+                       weight_bytes: int) -> None:
+    u = results["uniform"]
+    results["ratios"] = {
+        "uniform_c32_vs_transformers_one_at_a_time": u["engine_c32"]["tok_s"] / u["transformers_one_at_a_time"]["tok_s"],
+        "batch1_fraction_of_roofline": u["engine_c1"]["tok_s"] / roofline,
+    }
+    ratios = results["ratios"]
+    table = "\n".join(_uniform_rows(u)) + (
+        f"\n\nUniform workload only (`--uniform-only`). Engine dtype {args.dtype}, {torch.get_num_threads()} torch "
+        f"thread(s). Uniform at 32 vs transformers one at a time: "
+        f"**{ratios['uniform_c32_vs_transformers_one_at_a_time']:.1f}×** (target ≥ 10×). Batch-1 decode "
+        f"{fmt(u['engine_c1']['tok_s'])} tok/s = **{ratios['batch1_fraction_of_roofline']:.0%}** of the "
+        f"weight-bandwidth roofline ({bandwidth:.1f} GB/s measured / {weight_bytes / 1e6:.0f} MB of weights = "
+        f"{roofline:.0f} tok/s).")
+    print(table)
+    write_results("engine_uniform" + ("-quick" if args.quick else ""), results, table)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run, not for the README)")
     ap.add_argument("--hf-uniform-requests", type=int, default=4, help="requests transformers runs one at a time")
     ap.add_argument("--mixed-requests", type=int, default=128)
+    ap.add_argument("--uniform-only", action="store_true",
+                    help="only the uniform workload (engine c1/c8/c32 and transformers one at a time, ~5 min; the "
+                         "mixed workload's transformers static batches take over an hour here); writes engine_uniform.*")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads for both systems (default: torch's choice). On a shared, oversubscribed "
@@ -179,6 +214,9 @@ def main() -> None:
     hf = load_transformers(torch.bfloat16)
     results["uniform"]["transformers_one_at_a_time"] = run_hf_one_at_a_time(hf, uni, args.hf_uniform_requests)
     print(f"uniform transformers: {results['uniform']['transformers_one_at_a_time']['tok_s']:.1f} tok/s", flush=True)
+    if args.uniform_only:
+        write_uniform_only(results, args, roofline, bandwidth, weight_bytes)
+        return
 
     mixed = mixed_workload(tok, args.mixed_requests)
     results["mixed"]["engine"] = run_engine(loaded, mixed, 64, args.dtype)
@@ -193,15 +231,7 @@ def main() -> None:
         "mixed_vs_transformers_static": m["engine"]["tok_s"] / m["transformers_static_16"]["tok_s"],
         "batch1_fraction_of_roofline": u["engine_c1"]["tok_s"] / roofline,
     }
-    rows = ["| workload | system | tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) |", "|---|---|---:|---:|---:|"]
-    for c in (1, 8, 32):
-        r = u[f"engine_c{c}"]
-        rows.append(f"| uniform 32×(~128 in, 64 out) | tessera, concurrency {c} | {fmt(r['tok_s'])} | "
-                    f"{fmt(r['ttft_p50_ms'], 0)} / {fmt(r['ttft_p99_ms'], 0)} | "
-                    f"{fmt(r['itl_p50_ms'])} / {fmt(r['itl_p99_ms'])} |")
-    r = u["transformers_one_at_a_time"]
-    rows.append(f"| uniform | transformers bf16, one at a time ({r['requests']} requests) | {fmt(r['tok_s'])} | "
-                f"{fmt(r['ttft_p50_ms'], 0)} / {fmt(r['ttft_p99_ms'], 0)} | – |")
+    rows = _uniform_rows(u)
     r = m["engine"]
     rows.append(f"| mixed {args.mixed_requests} (16–1024 in, 16–256 out) | tessera, all at once | {fmt(r['tok_s'])} | "
                 f"{fmt(r['ttft_p50_ms'], 0)} / {fmt(r['ttft_p99_ms'], 0)} | "
