@@ -21,7 +21,7 @@ class LoRARuntime:
         self.registry = registry
         self.use_kernels = use_kernels
         # The CPU path keeps the slots in float32: its small batched matmuls run 1.5-3x faster in
-        # float32 than in bf16 (benchmarks/lora_ops.py), which outweighs the doubled bytes.
+        # float32 than in bf16 (measured: docs/lora.md), which outweighs the doubled bytes.
         slot_dtype = dtype if use_kernels else torch.float32
         self.slots = LoRASlots(args, config.max_loras, config.max_lora_rank, slot_dtype, device,
                                kernel_layout=use_kernels)
