@@ -120,7 +120,7 @@ def start_children(args: argparse.Namespace, env: dict[str, str], logs: Path) ->
         ("celery-beat", [py, "-m", "celery", "-A", "controlplane", "beat", "-s", str(var / "celerybeat-schedule"),
                          "-l", "warning"], env),
         ("worker", [py, "-m", "dataplane.worker.agent", "--host", args.host, "--port", str(args.worker_port),
-                    "--dtype", "bfloat16", "--kv-cache-memory", args.kv_cache_memory], worker_env),
+                    "--dtype", "auto", "--kv-cache-memory", args.kv_cache_memory], worker_env),
     ]
     children = []
     for name, argv, child_env in specs:

@@ -30,15 +30,27 @@ def parse_bytes(value: int | str, *, name: str) -> int:
     return n
 
 
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX), not by emulation."""
+    cpu = torch.cpu
+    return bool(getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()
+                or getattr(cpu, "_is_amx_tile_supported", lambda: False)())
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
+    """A dtype name (or 'auto') to a torch dtype; 'auto' picks the fastest 16-bit type the device
+    computes natively, else float32."""
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
             raise ValueError(f"dtype: {dtype} is not supported; use one of {sorted(_DTYPES)}")
         return dtype
     if dtype == "auto":
-        # bf16 is ~4.5x faster than fp32 for GEMMs on CPUs with AVX-512 BF16 (shared/MACHINE.md),
-        # and the native dtype of most checkpoints on GPUs.
-        return torch.bfloat16
+        if str(device).startswith("cuda"):
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        # With AVX-512 BF16, bf16 GEMMs ran ~4.5x faster than fp32 (shared/MACHINE.md). Without it
+        # (an AVX2-only EPYC, README "Benchmarks") bf16 is emulated: a batch-32 decode step of
+        # SmolLM2 took 1060 ms in bf16 against 325 ms in fp32.
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"dtype: {dtype!r} is not supported; use one of {sorted(_DTYPES)} or 'auto'")
     return _DTYPES[dtype]
@@ -112,7 +124,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model: must name a model (alias, GGUF file or directory)")
-        self.torch_dtype = resolve_dtype(self.dtype)
+        self.torch_dtype = resolve_dtype(self.dtype, self.device)
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len: must be >= 1, got {self.max_model_len}")
         from dataplane.quant.checkpoint import METHODS
