@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
 # name, priority, TTFT p95 target ms, ITL p95 target ms (the seeded tiers' targets)
 TIERS = [("free", 30, 5000, 250), ("standard", 20, 2000, 120), ("premium", 10, 1000, 80)]
-WORKER_FLAGS = ["--dtype=bfloat16", "--kv-cache-memory=256MiB", "--max-num-seqs=8", "--max-num-batched-tokens=256",
+WORKER_FLAGS = ["--kv-cache-memory=256MiB", "--max-num-seqs=8", "--max-num-batched-tokens=256",
                 "--waiting-limits=20=16,30=4", "--max-waiting=64", "--itl-guard-priority=10", "--itl-guard-tokens=32",
                 "--itl-guard-seqs=3", "--itl-guard-step-tokens=16", "--threads=1"]
 GATEWAY_SHED = "20=6,30=2"  # gateway sheds standard at 6 queued, free at 2 (the worker's limits are the backstop)
@@ -195,7 +195,10 @@ def main() -> None:
                    help="what the premium-only probe must hold for a rate to count as capacity: the premium tier's "
                         "whole SLO (TTFT p95 and ITL p95; the rate the worker can serve within its promise) or "
                         "only TTFT p95 (session 2's definition)")
+    p.add_argument("--dtype", default="auto", help="the worker's --dtype (auto: bf16 only where the CPU has it natively)")
+    p.add_argument("--name", default="load", help="results file name (benchmarks/results/<name>.json/.md)")
     args = p.parse_args()
+    WORKER_FLAGS.insert(0, f"--dtype={args.dtype}")
     random.seed(0)
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -265,7 +268,7 @@ def main() -> None:
             "max_tokens": args.max_tokens, "seconds_per_level": args.seconds, "capacity_rps": capacity,
             "capacity_slo": "given" if args.capacity else args.capacity_slo,
             "floor": floor, "capacity_probes": probes, "levels": levels}
-    write_results("load", data, table(data))
+    write_results(args.name, data, table(data))
 
 
 CAPACITY_MEANING = {

@@ -48,8 +48,8 @@ def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
         if str(device).startswith("cuda"):
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         # With AVX-512 BF16, bf16 GEMMs ran ~4.5x faster than fp32 (shared/MACHINE.md). Without it
-        # (an AVX2-only EPYC, README "Benchmarks") bf16 is emulated: a batch-32 decode step of
-        # SmolLM2 took 1060 ms in bf16 against 325 ms in fp32.
+        # (an AVX2-only EPYC) bf16 is emulated: a batch-32 decode step of SmolLM2 took 824 ms in bf16
+        # against 204 ms in float32 (benchmarks/results/linear_cpu.md; batch 1: 43 against 53 ms).
         return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"dtype: {dtype!r} is not supported; use one of {sorted(_DTYPES)} or 'auto'")

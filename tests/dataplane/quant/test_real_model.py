@@ -17,7 +17,7 @@ from dataplane.models.layers import Linear
 from dataplane.models.loader import load_model
 from dataplane.quant import Int4Linear
 from dataplane.quant.awq import AwqOptions
-from dataplane.quant.eval import prefill_logits
+from dataplane.quant.eval import perplexity, prefill_logits
 from dataplane.quant.gate import EVAL_TEXT, quality_gate
 from dataplane.quant.gate import main as gate_main
 from dataplane.quantize import main as quantize_main
@@ -68,10 +68,16 @@ def test_awq_round_trip_generates_close_to_bf16(awq_dir, awq_model, smollm_bf16)
     layer = llm.core.model.layers[3]
     assert isinstance(layer.qkv_proj, Int4Linear) and isinstance(layer.gate_up_proj, Int4Linear)
     assert llm.core.memory.weight_bytes < 0.5 * smollm_bf16.model.weight_bytes
-    base = LLM(MODEL, preloaded=smollm_bf16)
+    # Close in quality, measured: perplexity on held-out text. One greedy answer is no measure: with
+    # this reduced search "The capital of France is Paris" held on an AVX-512 BF16 host and turned
+    # into another answer on an AVX2 one (bf16 rounding differs by host, the search lands elsewhere),
+    # at +11% perplexity. A broken int4 path gives thousands.
+    ids = llm.tokenizer.hf(EVAL_TEXT.read_text(), add_special_tokens=False).input_ids[:512]
+    ppl_awq, ppl_bf16 = perplexity(awq_model.model, ids), perplexity(smollm_bf16.model, ids)
+    assert ppl_awq < 1.25 * ppl_bf16, (ppl_awq, ppl_bf16)
     prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
-    got, want = llm.generate([prompt], GREEDY)[0], base.generate([prompt], GREEDY)[0]
-    assert "Paris" in got.text and "Paris" in want.text
+    got = llm.generate([prompt], GREEDY)[0]
+    assert got.finish_reason in ("stop", "length") and len(got.token_ids) > 3 and got.text.strip()
 
 
 def test_fp8_round_trip(fp8_dir, smollm_bf16):
@@ -82,7 +88,9 @@ def test_fp8_round_trip(fp8_dir, smollm_bf16):
     assert t["model.layers.0.mlp.up_proj.weight_scale"].shape == (1536,)
     q = load_model(str(fp8_dir), torch.bfloat16, progress=False)
     assert isinstance(q.model.layers[0].gate_up_proj, Linear)  # decoded once at load on the CPU
-    ids = q.tokenizer.encode("The quick brown fox jumps over the lazy dog because")
+    # 256 positions of held-out text: over a 10-token sentence one flipped argmax is 10 points,
+    # and bf16 rounding differs by host (8 of 10 agreed on an AVX2 host, 9+ on AVX-512 BF16).
+    ids = q.tokenizer.hf(EVAL_TEXT.read_text(), add_special_tokens=False).input_ids[:256]
     a, b = prefill_logits(q.model, ids), prefill_logits(smollm_bf16.model, ids)
     assert float((a - b).norm() / b.norm()) < 0.2  # e4m3 keeps 3 mantissa bits: ~12% measured
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.8

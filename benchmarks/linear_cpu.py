@@ -1,0 +1,155 @@
+"""Dense projections on the CPU: float32 through MKL (`F.linear`), float32 through oneDNN's prepacked
+weight (what `dataplane.models.layers.Linear` does), and bf16 `F.linear`; then whole engine steps.
+
+    python -m benchmarks.linear_cpu [--repeats 5]
+
+1. One decode step's linears at SmolLM2-135M's shapes (30 layers of fused qkv, o, fused gate_up,
+   down, and the lm head), each weight its own tensor so they stream from memory as in the model,
+   at M = 1, 4 and 32 rows. Reports ms per sweep and the weight bytes streamed per second.
+2. The engine's median decode step at batch 1 and 32 (real model, 2 threads), in subprocesses:
+   float32 with packing, float32 with TESSERA_ONEDNN_LINEAR=0, and bf16.
+
+Writes benchmarks/results/linear_cpu.json and .md. The ratios depend on the CPU: record it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.common import environment, write_results
+from dataplane.models.layers import Linear
+
+LAYERS = 30
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in) of qkv, o, gate_up, down
+VOCAB = 49152
+ROWS = (1, 4, 32)
+
+ENGINE_SCRIPT = """
+import json, statistics, sys, time, torch
+torch.set_num_threads(2)
+from dataplane import SamplingParams
+from dataplane.config import CacheConfig, ModelConfig, SchedulerConfig
+from dataplane.engine.core import EngineCore
+core = EngineCore(ModelConfig("smollm2-135m-instruct", dtype=sys.argv[1]), CacheConfig(kv_cache_memory="512MiB"),
+                  SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=512), progress=False)
+out = {}
+for bs in (1, 32):
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    for i in range(bs):
+        core.add(*core.make_requests(list(range(100 + i, 228 + i)), params))
+    steps = []
+    while core.has_unfinished():
+        t0 = time.perf_counter(); outs = core.step(delta=True); dt = time.perf_counter() - t0
+        if all(len(c.token_ids) == 1 for o in outs for c in o.outputs) and len(outs) == bs:
+            steps.append(dt)  # decode steps only: every request got exactly one token
+    out[bs] = statistics.median(steps) * 1e3
+print(json.dumps(out))
+"""
+
+
+ENGINE_CONFIGS = [("float32, oneDNN prepacked", "float32", {}),
+                  ("float32, F.linear (TESSERA_ONEDNN_LINEAR=0)", "float32", {"TESSERA_ONEDNN_LINEAR": "0"}),
+                  ("bfloat16", "bfloat16", {})]
+
+
+def sweep_weights(dtype: torch.dtype) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    ws = [torch.randn(o, i, generator=g) / i**0.5 for _ in range(LAYERS) for o, i in SHAPES]
+    ws.append(torch.randn(VOCAB, 576, generator=g) / 24)
+    return [w.to(dtype) for w in ws]
+
+
+def time_sweep(fns: list, inputs: dict[int, torch.Tensor], repeats: int) -> float:
+    for fn in fns[:8]:
+        fn(inputs[fn.in_features])  # warm the code paths
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for fn in fns:
+            fn(inputs[fn.in_features])
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+class Plain:
+    """F.linear on a dense weight, whatever the dtype."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        self.w, self.in_features = w, w.shape[1]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.w)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--engine-rounds", type=int, default=3, help="0 skips the engine steps")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    fp32, bf16 = sweep_weights(torch.float32), None
+    total_bytes = {torch.float32: sum(w.numel() * 4 for w in fp32)}
+    variants = {"float32 F.linear (MKL)": [Plain(w) for w in fp32],
+                "float32 oneDNN prepacked": [Linear(w) for w in fp32]}
+    assert all(v.packed for v in variants["float32 oneDNN prepacked"]), "oneDNN packing unavailable here"
+    bf16 = [w.bfloat16() for w in fp32]
+    variants["bfloat16 F.linear"] = [Plain(w) for w in bf16]
+    del fp32
+    sweep = []
+    with torch.inference_mode():
+        for name, fns in variants.items():
+            for m in ROWS:
+                inputs = {k: torch.randn(m, k).to(torch.bfloat16 if "bfloat16" in name else torch.float32)
+                          for k in (576, 1536)}
+                s = time_sweep(fns, inputs, args.repeats)
+                nbytes = total_bytes[torch.float32] // (2 if "bfloat16" in name else 1)
+                sweep.append({"variant": name, "rows": m, "ms": s * 1e3, "weight_gb_s": nbytes / s / 1e9})
+                print(f"{name:28s} M={m:2d} {s * 1e3:8.1f} ms  {nbytes / s / 1e9:5.1f} GB/s", flush=True)
+
+    engine: dict[str, dict[int, float]] = {}
+    if args.engine_rounds:
+        # Interleaved rounds, median per configuration: single runs on a shared host moved by 20%.
+        runs: dict[str, list[dict[int, float]]] = {}
+        for r in range(args.engine_rounds):
+            for label, dtype, env in ENGINE_CONFIGS:
+                if dtype == "bfloat16" and r > 0:
+                    continue  # one bf16 run: it is several times slower, and only a reference
+                res = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, dtype], env={**os.environ, **env},
+                                     capture_output=True, text=True, check=True)
+                got = {int(k): v for k, v in json.loads(res.stdout.strip().splitlines()[-1]).items()}
+                runs.setdefault(label, []).append(got)
+                print(f"round {r}: {label} {got}", flush=True)
+        engine = {label: {bs: statistics.median(x[bs] for x in xs) for bs in (1, 32)} for label, xs in runs.items()}
+
+    ref = {r["rows"]: r["ms"] for r in sweep if r["variant"] == "float32 F.linear (MKL)"}
+    table = ["# Dense projections on the CPU (`python -m benchmarks.linear_cpu`)", "",
+             f"One decode step's linears of SmolLM2-135M ({LAYERS} layers x qkv, o, gate_up, down + lm head; "
+             f"{total_bytes[torch.float32] / 2**20:.0f} MiB in float32), best of {args.repeats}, 2 threads.", "",
+             "| variant | rows | ms per step's linears | weight GB/s | vs float32 F.linear |", "|---|---:|---:|---:|---:|"]
+    for r in sweep:
+        table.append(f"| {r['variant']} | {r['rows']} | {r['ms']:.1f} | {r['weight_gb_s']:.1f} | "
+                     f"{ref[r['rows']] / r['ms']:.2f}x |")
+    if engine:
+        table += ["", f"Engine, median decode step (real model, 128-token prompts, 2 threads; median of {args.engine_rounds} interleaved runs, bf16 one run):", "",
+                  "| engine | batch 1 ms | batch 32 ms | batch 32 tok/s |", "|---|---:|---:|---:|"]
+        for label, v in engine.items():
+            table.append(f"| {label} | {v[1]:.1f} | {v[32]:.1f} | {32e3 / v[32]:.0f} |")
+    env = environment()
+    table += ["", f"Environment: {env}."]
+    jpath, mpath = write_results("linear_cpu", {"env": env, "sweep": sweep, "engine_step_ms": engine},
+                                 "\n".join(table))
+    print("\n".join(table))
+    print(f"wrote {jpath} and {mpath}")
+
+
+if __name__ == "__main__":
+    main()

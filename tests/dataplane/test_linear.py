@@ -1,0 +1,71 @@
+"""Linear: float32 on the CPU runs through oneDNN's prepacked weight; the result is F.linear's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dataplane.models import layers
+from dataplane.models.layers import Linear
+
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 3, 8, 33, 517])
+@pytest.mark.parametrize("out_features,in_features", [(960, 576), (7, 13), (576, 1536)])
+def test_packed_float32_matches_f_linear(rows, out_features, in_features):
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(out_features, in_features, generator=g) / in_features**0.5
+    x = torch.randn(rows, in_features, generator=g)
+    lin = Linear(w)
+    assert lin.packed
+    torch.testing.assert_close(lin(x), F.linear(x, w), atol=1e-4, rtol=1e-4)
+
+
+@needs_onednn
+def test_packed_accepts_strided_rows_and_inference_mode():
+    w = torch.randn(64, 40)
+    lin = Linear(w)
+    x = torch.randn(5, 80)[:, ::2]  # a column view, as attention outputs can be
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), F.linear(x, w), atol=1e-5, rtol=1e-5)
+
+
+@needs_onednn
+def test_packed_weight_is_given_back_exactly_and_sized_without_copying():
+    w = torch.randn(48, 24)
+    lin = Linear(w)
+    assert torch.equal(lin.weight, w)
+    assert lin.weight_bytes == 48 * 24 * 4
+    assert lin._weight is None  # one copy of the weight kept, the packed one
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_weights_stay_plain(dtype):
+    w = torch.randn(32, 16).to(dtype)
+    lin = Linear(w)
+    assert not lin.packed and lin.weight is w and lin.weight_bytes == 32 * 16 * 2
+    x = torch.randn(3, 16).to(dtype)
+    assert torch.equal(lin(x), F.linear(x, w))
+
+
+def test_switch_off_by_environment(monkeypatch):
+    monkeypatch.setenv("TESSERA_ONEDNN_LINEAR", "0")
+    w = torch.randn(8, 4)
+    lin = Linear(w)
+    assert not lin.packed and lin.weight is w
+
+
+def test_pack_failure_falls_back_to_f_linear(monkeypatch):
+    def refuse(*_args):
+        raise RuntimeError("no packing on this CPU")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse, raising=False)
+    w = torch.randn(8, 4)
+    lin = Linear(w)
+    assert not lin.packed
+    x = torch.randn(2, 4)
+    assert torch.equal(lin(x), F.linear(x, w))
+    assert layers._onednn_pack(w) is None
