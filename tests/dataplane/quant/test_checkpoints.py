@@ -110,12 +110,17 @@ def test_fp8_layer_keeps_e4m3_when_not_decoded():
 
 
 def test_int4_dense_copy_for_large_batches():
-    w = torch.randn(64, 128)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 128, generator=g)
     packed, both = Int4Linear.from_float(w, 32), Int4Linear.from_float(w, 32, dense_above=4)
     assert both.weight_bytes == packed.weight_bytes + 64 * 128 * 2
     for rows in (1, 4, 5, 16):
-        x = torch.randn(rows, 128).bfloat16()
-        torch.testing.assert_close(both(x).float(), packed(x).float(), atol=0.05, rtol=0.02)
+        x = torch.randn(rows, 128, generator=g).bfloat16()
+        got, want = both(x).float(), packed(x).float()
+        # Relative to the output's scale: outputs are ~10 here, where one bf16 ulp is 0.06, and the two
+        # paths round their fp32 sums differently (by one ulp on an AVX2 host's emulated bf16 GEMM).
+        assert float((got - want).norm() / want.norm()) < 1e-2
+        assert float((got - want).abs().max()) <= 2 * 2.0 ** -8 * float(want.abs().max())
 
 
 def test_method_validation(tmp_path, float_model):
