@@ -196,9 +196,12 @@ def main() -> None:
                         "whole SLO (TTFT p95 and ITL p95; the rate the worker can serve within its promise) or "
                         "only TTFT p95 (session 2's definition)")
     p.add_argument("--dtype", default="auto", help="the worker's --dtype (auto: bf16 only where the CPU has it natively)")
+    p.add_argument("--worker-arg", action="append", default=[],
+                   help="an extra worker flag, e.g. --worker-arg=--itl-guard-seqs=1 (later flags win)")
     p.add_argument("--name", default="load", help="results file name (benchmarks/results/<name>.json/.md)")
     args = p.parse_args()
     WORKER_FLAGS.insert(0, f"--dtype={args.dtype}")
+    WORKER_FLAGS.extend(args.worker_arg)
     random.seed(0)
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory() as tmp:
