@@ -36,14 +36,19 @@ class Linear:
     def packed(self) -> bool:
         return self._packed is not None
 
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether this layer computes on `tensor` itself (a tied embedding), not a copy of it."""
+        return self._weight is tensor
+
     @property
     def weight_bytes(self) -> int:
         return self.out_features * self.in_features * self._element_size
 
 
-# Batch-size hint for oneDNN's weight layout. Decode batches are small; at M = 1 / 4 / 32 on a
-# 3072 x 576 weight (AVX2 EPYC, 2 threads) hint 1 gave 131 / 351 / 1396 us and hint 32 gave
-# 167 / 249 / 1281 us cache-warm; 8 sits between for the batch sizes a CPU worker runs.
+# Batch-size hint for oneDNN's weight layout. Streaming 40 weights of 3072 x 576 (AVX2 EPYC, 2
+# threads, a busy moment), per weight at M = 1 / 4 / 32: hint 1 gave 794 / 1510 / 2730 us, hint 8
+# 521 / 1142 / 2826 us, hint 32 1022 / 1226 / 2617 us. Noisy, no clear winner at 32; 8 was best at
+# the small decode batches a CPU worker mostly runs.
 PACK_BATCH_HINT = 8
 
 

@@ -60,7 +60,8 @@ class LlamaModel:
             for proj in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj):
                 total += proj.weight_bytes
             total += (layer.input_norm.numel() + layer.post_norm.numel()) * layer.input_norm.element_size()
-        if getattr(self.lm_head, "weight", None) is not self.embed:  # untied, or a quantized copy of it
+        # Untied, a quantized copy, or a prepacked copy (float32 on the CPU) of the embedding: its own bytes.
+        if not getattr(self.lm_head, "holds", lambda _t: False)(self.embed):
             total += self.lm_head.weight_bytes
         return total
 

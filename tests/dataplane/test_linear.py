@@ -69,3 +69,14 @@ def test_pack_failure_falls_back_to_f_linear(monkeypatch):
     x = torch.randn(2, 4)
     assert torch.equal(lin(x), F.linear(x, w))
     assert layers._onednn_pack(w) is None
+
+
+def test_tied_head_counts_once_unless_packed(monkeypatch):
+    """A tied lm head shares the embedding's bytes only while it computes on the embedding itself."""
+    embed = torch.randn(100, 16)
+    monkeypatch.setenv("TESSERA_ONEDNN_LINEAR", "0")
+    assert Linear(embed).holds(embed)
+    monkeypatch.setenv("TESSERA_ONEDNN_LINEAR", "1")
+    packed = Linear(embed)
+    assert packed.packed == torch.backends.mkldnn.is_available()
+    assert packed.holds(embed) is not packed.packed
