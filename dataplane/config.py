@@ -87,6 +87,10 @@ class SchedulerConfig:
     # (protected ones first) total at most this many: a 32-token chunk beside 8 decodes doubles a CPU
     # step's matmul time, and every decoding protected request waits for that step (None: no cap).
     itl_guard_step_tokens: int | None = None
+    # ... and/or a step-time target (ms): while a protected request decodes, each step's prefill tokens are
+    # capped so the step's predicted time (scheduler/step_cost.py, fitted online to the runner's own
+    # timings) stays within it; never below a few tokens, so protected arrivals still start (None: off).
+    itl_guard_step_ms: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -107,6 +111,8 @@ class SchedulerConfig:
         if self.itl_guard_step_tokens is not None and self.itl_guard_step_tokens < 1:
             # 0 would stop every prefill while a protected request decodes, its own queue included.
             raise ValueError(f"itl_guard_step_tokens: must be >= 1 or None, got {self.itl_guard_step_tokens}")
+        if self.itl_guard_step_ms is not None and not self.itl_guard_step_ms > 0:
+            raise ValueError(f"itl_guard_step_ms: must be > 0 or None, got {self.itl_guard_step_ms}")
 
 
 @dataclass(slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,7 +155,9 @@ class EngineCore:
     def step(self, delta: bool = False) -> list[RequestOutput]:
         out = self.scheduler.schedule()
         try:
+            t0 = time.perf_counter()
             result = self.runner.execute(out)
+            self.scheduler.observe_step(out.total_num_scheduled_tokens, time.perf_counter() - t0)
         except Exception as exc:  # noqa: BLE001 - one bad step must not take the engine down
             log.exception("model step failed; failing its %d requests", len(out.num_scheduled_tokens))
             result = ModelRunnerOutput(failed_request_ids={rid: f"engine error: {exc}"

@@ -22,7 +22,12 @@ from dataplane.scheduler.output import (
     NewRequestData,
     SchedulerOutput,
 )
+from dataplane.scheduler.step_cost import StepCostModel
 from dataplane.stats import SchedulerStats
+
+# The ITL guard's timed step budget never cuts a step's prefill below this many tokens: a protected
+# arrival's prompt must still start (a 40-token chat prompt then takes ~10 steps, well within TTFT).
+ITL_GUARD_MIN_PREFILL = 4
 
 
 class QueueFullError(RuntimeError):
@@ -46,6 +51,7 @@ class Scheduler:
         self._guard_left: int | None = None  # this step's ITL-guard prefill budget (see _itl_guard_budget)
         self._step_prefill_left: int | None = None  # this step's prefill cap, all priorities (_step_prefill_cap)
         self._protected_waiting = False  # a protected request is waiting this step (first claim on the cap)
+        self.step_cost = StepCostModel()  # step time against tokens, for itl_guard_step_ms
         self.num_preemptions = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
@@ -175,15 +181,26 @@ class Scheduler:
 
     def _step_prefill_cap(self) -> int | None:
         """Prefill tokens this step may carry, all priorities together (None: no cap): the ITL
-        guard's step cap, while a protected request is decoding (its prompt done)."""
-        p, cap = self.config.itl_guard_priority, self.config.itl_guard_step_tokens
+        guard's step cap, while a protected request is decoding (its prompt done): a fixed number
+        of tokens, or what the step-time target leaves after this step's decodes, or the smaller."""
+        p, cap, target_ms = self.config.itl_guard_priority, self.config.itl_guard_step_tokens, self.config.itl_guard_step_ms
         self._protected_waiting = False
-        if p is None or cap is None:
+        if p is None or (cap is None and target_ms is None):
             return None
-        if any(r.priority <= p and r.num_tokens - r.num_computed_tokens <= 1 for r in self.running):
-            self._protected_waiting = any(r.priority <= p for r in self.waiting)
-            return cap
-        return None
+        decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens <= 1]
+        if not any(r.priority <= p for r in decoding):
+            return None
+        self._protected_waiting = any(r.priority <= p for r in self.waiting)
+        if target_ms is not None:
+            fits = self.step_cost.tokens_within(target_ms / 1000)
+            if fits is not None:  # None until the model has seen enough varied steps
+                timed = max(fits - len(decoding), ITL_GUARD_MIN_PREFILL)
+                cap = timed if cap is None else min(cap, timed)
+        return cap
+
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        """The runner's time for a step of `num_tokens`: fits the ITL guard's timed step budget."""
+        self.step_cost.observe(num_tokens, seconds)
 
     def _guard_seats_full(self) -> bool:
         cap = self.config.itl_guard_seqs

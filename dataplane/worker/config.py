@@ -44,6 +44,8 @@ class WorkerConfig:
     itl_guard_seqs: int | None = None  # ... and at most this many of them run (empty: no seat cap)
     # ... and while a protected request decodes, each step's prefill (all priorities) is capped (empty: off)
     itl_guard_step_tokens: int | None = None
+    # ... or capped to what keeps a step's predicted time within this many ms (fitted online; empty: off)
+    itl_guard_step_ms: float | None = None
     # LoRA adapters (dataplane/lora); loaded at run time through POST /v1/adapters
     enable_lora: bool = False
     max_loras: int = 4  # adapters in device slots at once (distinct adapters per step)
@@ -74,6 +76,8 @@ class WorkerConfig:
             raise ValueError(f"threads: must be >= 1, got {self.threads}")
         if self.itl_guard_step_tokens is not None and self.itl_guard_step_tokens < 1:
             raise ValueError(f"itl_guard_step_tokens: must be >= 1, got {self.itl_guard_step_tokens}")
+        if self.itl_guard_step_ms is not None and not self.itl_guard_step_ms > 0:
+            raise ValueError(f"itl_guard_step_ms: must be > 0, got {self.itl_guard_step_ms}")
         if self.max_waiting < 1:
             raise ValueError(f"max_waiting: must be >= 1 (every request waits for the next step), got {self.max_waiting}")
         if self.retry_after < 0:
@@ -109,6 +113,7 @@ class WorkerConfig:
             "enable_prefix_caching": self.enable_prefix_caching, "seed": self.seed, "progress": False,
             "itl_guard_priority": self.itl_guard_priority, "itl_guard_tokens": self.itl_guard_tokens,
             "itl_guard_seqs": self.itl_guard_seqs, "itl_guard_step_tokens": self.itl_guard_step_tokens,
+            "itl_guard_step_ms": self.itl_guard_step_ms,
             **({"enable_lora": True, "max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank,
                 "max_cpu_loras": self.max_cpu_loras} if self.enable_lora else {}),
         }
@@ -139,6 +144,10 @@ def _optional_int(raw: str) -> int | None:
     return None if raw.lower() in ("", "none") else int(raw)
 
 
+def _optional_float(raw: str) -> float | None:
+    return None if raw.lower() in ("", "none") else float(raw)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m dataplane.worker",
@@ -148,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
              "max_waiting": int, "retry_after": int, "max_n": int, "default_max_tokens": int,
              "drain_timeout": float, "max_model_len": _optional_int, "max_loras": int, "max_lora_rank": int,
              "max_cpu_loras": _optional_int, "itl_guard_priority": _optional_int, "itl_guard_tokens": int, "itl_guard_seqs": _optional_int,
-             "itl_guard_step_tokens": _optional_int,
+             "itl_guard_step_tokens": _optional_int, "itl_guard_step_ms": _optional_float,
              "threads": _optional_int}
     for f in fields(WorkerConfig):
         flag = "--" + f.name.replace("_", "-")
@@ -174,6 +183,8 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
                     value = _env_bool(raw, f.name)
                 elif f.type == "int | None":
                     value = _optional_int(raw)
+                elif f.type == "float | None":
+                    value = _optional_float(raw)
                 elif f.type in ("int", "float"):
                     value = int(raw) if f.type == "int" else float(raw)
                 else:
