@@ -23,10 +23,10 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 from benchmarks.common import environment, write_results
 from dataplane.models.layers import Linear
+from dataplane.quant import DenseLinear
 
 LAYERS = 30
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in) of qkv, o, gate_up, down
@@ -80,29 +80,19 @@ def time_sweep(fns: list, inputs: dict[int, torch.Tensor], repeats: int) -> floa
     return best
 
 
-class Plain:
-    """F.linear on a dense weight, whatever the dtype."""
-
-    def __init__(self, w: torch.Tensor) -> None:
-        self.w, self.in_features = w, w.shape[1]
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.w)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--engine-rounds", type=int, default=3, help="0 skips the engine steps")
     args = ap.parse_args()
     torch.set_num_threads(2)
-    fp32, bf16 = sweep_weights(torch.float32), None
-    total_bytes = {torch.float32: sum(w.numel() * 4 for w in fp32)}
-    variants = {"float32 F.linear (MKL)": [Plain(w) for w in fp32],
-                "float32 oneDNN prepacked": [Linear(w) for w in fp32]}
+    fp32 = sweep_weights(torch.float32)
+    fp32_bytes = sum(w.numel() * 4 for w in fp32)
+    # DenseLinear is plain F.linear whatever the dtype (MKL for float32); Linear prepacks float32.
+    variants = {"float32 F.linear (MKL)": [DenseLinear(w) for w in fp32],
+                "float32 oneDNN prepacked": [Linear(w) for w in fp32],
+                "bfloat16 F.linear": [DenseLinear(w.bfloat16()) for w in fp32]}
     assert all(v.packed for v in variants["float32 oneDNN prepacked"]), "oneDNN packing unavailable here"
-    bf16 = [w.bfloat16() for w in fp32]
-    variants["bfloat16 F.linear"] = [Plain(w) for w in bf16]
     del fp32
     sweep = []
     with torch.inference_mode():
@@ -111,7 +101,7 @@ def main() -> None:
                 inputs = {k: torch.randn(m, k).to(torch.bfloat16 if "bfloat16" in name else torch.float32)
                           for k in (576, 1536)}
                 s = time_sweep(fns, inputs, args.repeats)
-                nbytes = total_bytes[torch.float32] // (2 if "bfloat16" in name else 1)
+                nbytes = fp32_bytes // (2 if "bfloat16" in name else 1)
                 sweep.append({"variant": name, "rows": m, "ms": s * 1e3, "weight_gb_s": nbytes / s / 1e9})
                 print(f"{name:28s} M={m:2d} {s * 1e3:8.1f} ms  {nbytes / s / 1e9:5.1f} GB/s", flush=True)
 
@@ -133,7 +123,7 @@ def main() -> None:
     ref = {r["rows"]: r["ms"] for r in sweep if r["variant"] == "float32 F.linear (MKL)"}
     table = ["# Dense projections on the CPU (`python -m benchmarks.linear_cpu`)", "",
              f"One decode step's linears of SmolLM2-135M ({LAYERS} layers x qkv, o, gate_up, down + lm head; "
-             f"{total_bytes[torch.float32] / 2**20:.0f} MiB in float32), best of {args.repeats}, 2 threads.", "",
+             f"{fp32_bytes / 2**20:.0f} MiB in float32), best of {args.repeats}, 2 threads.", "",
              "| variant | rows | ms per step's linears | weight GB/s | vs float32 F.linear |", "|---|---:|---:|---:|---:|"]
     for r in sweep:
         table.append(f"| {r['variant']} | {r['rows']} | {r['ms']:.1f} | {r['weight_gb_s']:.1f} | "

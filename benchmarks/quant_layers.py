@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from collections.abc import Callable
 
 import torch
 
+from benchmarks.common import environment
 from benchmarks.kernels._harness import BENCH_THREADS, time_us
 from dataplane.quant import DenseLinear, Fp8Linear, Int4Linear, Int8Linear, LinearLayer
 
@@ -65,8 +65,7 @@ def main() -> None:
             print(f"{name:<26} {variant:<22} M=1 {row['us_m1']:9.1f} us  M=32 {row['us_m32']:9.1f} us  "
                   f"{row['weight_bytes'] / 2**20:7.2f} MiB")
     totals = _decode_step_totals(rows)
-    env = {"torch": torch.__version__, "threads": BENCH_THREADS, "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-           "load_average_1m": os.getloadavg()[0]}
+    env = {**environment(), "load_average_1m": os.getloadavg()[0]}  # threads: BENCH_THREADS, set above
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "quant_layers.json"), "w") as f:
         json.dump({"environment": env, "rows": rows, "decode_step_linears": totals}, f, indent=2)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from benchmarks.common import environment
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "kernels"
 
@@ -87,10 +88,9 @@ def measure(report: Report, case: str, impls: dict[str, Callable[[], object]], *
 def write(report: Report, baseline: str = "reference") -> tuple[Path, Path]:
     """results/kernels/<op>.json and .md; the table shows each case's times and speed-up over `baseline`."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    env = {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
-           "device": torch.cuda.get_device_name() if report.device.type == "cuda" else platform.processor() or "cpu",
-           "when": time.strftime("%Y-%m-%d %H:%M:%S"), "load_average_1m": os.getloadavg()[0],
-           "kernels_env": os.environ.get("TESSERA_KERNELS", "auto")}
+    env = environment()  # torch, threads, CPU name and extensions, time
+    env.update({"device": torch.cuda.get_device_name() if report.device.type == "cuda" else env["cpu"],
+                "load_average_1m": os.getloadavg()[0], "kernels_env": os.environ.get("TESSERA_KERNELS", "auto")})
     data = {"op": report.op, "environment": env, "rows": report.rows, "notes": report.notes}
     json_path = RESULTS / f"{report.op}.json"
     json_path.write_text(json.dumps(data, indent=2) + "\n")

@@ -114,7 +114,8 @@ def test_engine_feeds_the_model_with_its_own_step_times(smollm_fp32):
     model = llm.core.scheduler.step_cost
     assert model._n >= 12  # every step with tokens was observed
     base, per_token = model.fit()
-    assert per_token > 0 and 0 <= base < 1.0
+    # A measured slope, not the fit's floor of 1e-6: longer prefill chunks took longer than decodes.
+    assert per_token > 1e-5 and 0 <= base < 1.0
 
 
 def test_step_ms_is_checked():
