@@ -32,7 +32,19 @@ def workers(fake_workers):
 
 
 @pytest.fixture
-def gateway(settings, workers, transactional_db):
+async def _settle_accounting():
+    """Wait, at teardown, for the accounting the test's last requests spawned (settle, price, write
+    usage). Requested by `gateway`, so this runs before the settings are restored and before the
+    database is flushed: a straggler would otherwise write through the default (billing) sink while
+    the flush truncates its tables, and the flush fails."""
+    yield
+    from controlplane.gateway import accounting
+
+    await accounting.drain()
+
+
+@pytest.fixture
+def gateway(settings, workers, transactional_db, _settle_accounting):
     """Settings for a gateway in front of the fake workers, with the database limiter."""
     from controlplane.gateway import accounting
     from controlplane.gateway import workers as registry_module
