@@ -11,30 +11,48 @@ import torch.nn.functional as F
 class Linear:
     """A dense projection y = x W^T. Quantized layers (dataplane/quant) offer the same call.
 
-    float32 on the CPU runs through oneDNN with the weight prepacked once at load (see
-    `_onednn_pack`); the dense weight is then not kept, and `weight` rebuilds it on demand."""
+    float32 on the CPU runs through a prepacked weight, and the dense weight is then not kept
+    (`weight` rebuilds it on demand): oneDNN's float32 packing (`_onednn_pack`), or with
+    `storage=torch.float16` FBGEMM's float16 packing (`_fp16_pack`: half the bytes, float32 maths)."""
 
-    __slots__ = ("_weight", "_packed", "out_features", "in_features", "_element_size")
+    __slots__ = ("_weight", "_packed", "_fp16", "out_features", "in_features", "_element_size")
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, *, storage: torch.dtype | None = None) -> None:
         self.out_features, self.in_features = weight.shape  # weight: [out_features, in_features]
-        self._element_size = weight.element_size()
-        self._packed = _onednn_pack(weight)
+        if storage not in (None, weight.dtype, torch.float16):
+            raise ValueError(f"Linear: {storage} storage is not supported (float16 under float32, or None)")
+        self._packed = _fp16_pack(weight) if storage == torch.float16 and weight.dtype != torch.float16 else None
+        self._fp16 = self._packed is not None
+        if self._packed is None:
+            self._packed = _onednn_pack(weight)
+        self._element_size = 2 if self._fp16 else weight.element_size()
         self._weight = None if self._packed is not None else weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._fp16:
+            return torch.ops.quantized.linear_dynamic_fp16(x, self._packed)
         if self._packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
         return F.linear(x, self._weight)
 
     @property
     def weight(self) -> torch.Tensor:
-        """[out_features, in_features]; a fresh copy when the weight is kept prepacked."""
+        """[out_features, in_features] in the compute dtype; a fresh copy when the weight is kept
+        prepacked (with float16 storage, the float16-rounded values the layer computes with)."""
+        if self._fp16:
+            return torch.ops.quantized.linear_unpack_fp16(self._packed)[0]
         return self._packed.to_dense() if self._packed is not None else self._weight
 
     @property
     def packed(self) -> bool:
         return self._packed is not None
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        """The dtype the weight's bytes are kept in."""
+        if self._fp16:
+            return torch.float16
+        return self._weight.dtype if self._weight is not None else torch.float32
 
     def holds(self, tensor: torch.Tensor) -> bool:
         """Whether this layer computes on `tensor` itself (a tied embedding), not a copy of it."""
@@ -43,6 +61,29 @@ class Linear:
     @property
     def weight_bytes(self) -> int:
         return self.out_features * self.in_features * self._element_size
+
+
+# float16's largest finite value: a weight beyond it would saturate, so such a layer stays float32.
+_FP16_MAX = 65504.0
+
+
+def _fp16_pack(weight: torch.Tensor) -> torch.Tensor | None:
+    """FBGEMM's packed float16 copy of a float32 CPU weight, or None where it does not apply.
+
+    Why: a CPU decode step reads every weight once, so at small batches it runs at memory speed.
+    FBGEMM keeps the weight in float16 and widens it in registers (F16C), so the maths stays
+    float32 on half the bytes: a decode step's linears ran 2.1x faster than oneDNN float32 at M = 1
+    and 1.2x at M = 32 on an AVX2 EPYC (benchmarks/results/linear_cpu.md), where bf16 is emulated
+    and slower still. Rounding to float16 costs 2^-11 relative per weight, 8x finer than bf16."""
+    if (weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2
+            or not hasattr(torch.ops.quantized, "linear_prepack_fp16")):
+        return None
+    if not bool(torch.isfinite(weight).all()) or float(weight.abs().max()) > _FP16_MAX:
+        return None
+    try:
+        return torch.ops.quantized.linear_prepack_fp16(weight.contiguous(), None)
+    except (RuntimeError, AttributeError):  # no FBGEMM here (not x86, or no AVX2): float32 packing
+        return None
 
 
 # Batch-size hint for oneDNN's weight layout. Streaming 40 weights of 3072 x 576 (AVX2 EPYC, 2
