@@ -56,6 +56,42 @@ def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
     return _DTYPES[dtype]
 
 
+def fp16_weights_supported() -> bool:
+    """Whether this torch and CPU run float32 products on float16-stored weights (FBGEMM's fp16 GEMM,
+    x86 with AVX2 or better)."""
+    return ("fbgemm" in torch.backends.quantized.supported_engines
+            and hasattr(torch.ops.quantized, "linear_prepack_fp16")
+            and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"))
+
+
+def resolve_weight_dtype(weight_dtype: str, dtype: str | torch.dtype, compute: torch.dtype,
+                         device: str = "cpu") -> torch.dtype | None:
+    """The dtype dense projection weights are stored in when it differs from the compute dtype, else
+    None. Only float16 weights under float32 compute on the CPU differ (FBGEMM converts them to
+    float32 in registers): a CPU decode step streams every weight once, so halving the bytes nearly
+    halves a small batch's step where bf16 is emulated (benchmarks/results/linear_cpu.md).
+
+    'auto' takes float16 only where `dtype` was 'auto' too and resolved to float32 on such a CPU; an
+    explicit dtype='float32' keeps float32 weights, so float32 stays exact unless asked."""
+    on_cpu = str(device).startswith("cpu")
+    if weight_dtype == "auto":
+        if dtype == "auto" and compute == torch.float32 and on_cpu and fp16_weights_supported():
+            return torch.float16
+        return None
+    if weight_dtype not in _DTYPES:
+        raise ValueError(f"weight_dtype: {weight_dtype!r} is not supported; use 'auto', 'float16' or the dtype itself")
+    wanted = _DTYPES[weight_dtype]
+    if wanted == compute:
+        return None
+    if wanted == torch.float16 and compute == torch.float32 and on_cpu:
+        if not fp16_weights_supported():
+            raise ValueError("weight_dtype: float16 weights under float32 compute need FBGEMM (x86 with AVX2); "
+                             "this torch or CPU has none")
+        return torch.float16
+    raise ValueError(f"weight_dtype: {weight_dtype} weights under {str(compute).removeprefix('torch.')} compute "
+                     f"on {device} are not supported; only float16 under float32 on the CPU")
+
+
 @dataclass(slots=True)
 class CacheConfig:
     block_size: int = 16  # tokens per KV block
@@ -119,6 +155,8 @@ class SchedulerConfig:
 class ModelConfig:
     model: str  # alias, GGUF file, or Hugging Face directory
     dtype: str = "auto"  # float32 | bfloat16 | float16 | auto
+    # dense projection weights' storage: auto | the dtype | float16 under float32 on the CPU (resolve_weight_dtype)
+    weight_dtype: str = "auto"
     device: str = "cpu"
     max_model_len: int | None = None  # context length; defaults to the model's own
     seed: int = 0  # seeds the engine's generator for requests that bring no seed
@@ -126,11 +164,13 @@ class ModelConfig:
     quantize_lm_head: bool = False  # also quantize the output projection (kept in `dtype` by default)
     int4_dense_above: int = 0  # int4: keep a dense copy, used for batches above this many rows (0: no copy)
     torch_dtype: torch.dtype = field(init=False)
+    torch_weight_dtype: torch.dtype | None = field(init=False)  # None: weights in torch_dtype
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model: must name a model (alias, GGUF file or directory)")
         self.torch_dtype = resolve_dtype(self.dtype, self.device)
+        self.torch_weight_dtype = resolve_weight_dtype(self.weight_dtype, self.dtype, self.torch_dtype, self.device)
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len: must be >= 1, got {self.max_model_len}")
         from dataplane.quant.checkpoint import METHODS
@@ -140,6 +180,14 @@ class ModelConfig:
                              f"{', '.join(METHODS)} or None")
         if self.int4_dense_above < 0:
             raise ValueError(f"int4_dense_above: must be >= 0, got {self.int4_dense_above}")
+
+    @property
+    def dtype_label(self) -> str:
+        """The resolved dtypes in words: 'bfloat16', or 'float32 (float16 weights)'."""
+        name = str(self.torch_dtype).removeprefix("torch.")
+        if self.torch_weight_dtype is None:
+            return name
+        return f"{name} ({str(self.torch_weight_dtype).removeprefix('torch.')} weights)"
 
 
 # The projections a LoRA adapter may target, in PEFT's names.

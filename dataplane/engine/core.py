@@ -13,7 +13,7 @@ from dataplane.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConf
 from dataplane.engine.output_processor import OutputProcessor
 from dataplane.kv_cache.manager import KVCacheManager
 from dataplane.lora.manager import AdapterInfo, LoRAManager, LoRAStats
-from dataplane.models.loader import LoadedModel, load_model
+from dataplane.models.loader import LoadedModel, load_configured
 from dataplane.outputs import RequestOutput
 from dataplane.request import Request, RequestStatus
 from dataplane.runner.model_runner import ModelRunner
@@ -46,10 +46,7 @@ class EngineCore:
                  lora_config: LoRAConfig | None = None) -> None:
         self.model_config = model_config
         # `preloaded` lets several engines (tests, benchmarks) share one set of read-only weights.
-        loaded = preloaded or load_model(model_config.model, model_config.torch_dtype, model_config.device, progress,
-                                         quantization=model_config.quantization,
-                                         quantize_lm_head=model_config.quantize_lm_head,
-                                         int4_dense_above=model_config.int4_dense_above)
+        loaded = preloaded or load_configured(model_config, progress)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.model_name = model_config.model

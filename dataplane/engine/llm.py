@@ -16,7 +16,8 @@ from dataplane.sampling_params import SamplingParams
 
 
 class LLM:
-    def __init__(self, model: str, *, dtype: str = "auto", device: str = "cpu", block_size: int = 16,
+    def __init__(self, model: str, *, dtype: str = "auto", weight_dtype: str = "auto", device: str = "cpu",
+                 block_size: int = 16,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 512, kv_cache_memory: int | str = "1GiB",
                  enable_prefix_caching: bool = True, max_model_len: int | None = None, seed: int = 0,
                  long_prefill_token_threshold: int = 0, aging_seconds: float = 10.0,
@@ -29,9 +30,9 @@ class LLM:
         lora = LoRAConfig(max_loras=max_loras, max_lora_rank=max_lora_rank,
                           max_cpu_loras=max_cpu_loras) if enable_lora else None
         self.core = EngineCore(
-            ModelConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len, seed=seed,
-                        quantization=quantization, quantize_lm_head=quantize_lm_head,
-                        int4_dense_above=int4_dense_above),
+            ModelConfig(model=model, dtype=dtype, weight_dtype=weight_dtype, device=device,
+                        max_model_len=max_model_len, seed=seed, quantization=quantization,
+                        quantize_lm_head=quantize_lm_head, int4_dense_above=int4_dense_above),
             CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory,
                         enable_prefix_caching=enable_prefix_caching),
             SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from dataplane.config import ModelConfig
 from dataplane.models.config import LlamaArgs
 from dataplane.models.disk_cache import cache_dir, file_key, temp_sibling
 from dataplane.models.llama import DecoderLayer, LlamaModel
@@ -34,8 +35,9 @@ class LoadedModel:
 
 def load_model(name: str, dtype: torch.dtype, device: str | torch.device = "cpu",
                progress: bool = True, quantization: str | None = None, quantize_lm_head: bool = False,
-               int4_dense_above: int = 0) -> LoadedModel:
-    """`quantization`: None (as the checkpoint is), awq, fp8, int4, int8; see dataplane/quant/checkpoint.py."""
+               int4_dense_above: int = 0, weight_dtype: torch.dtype | None = None) -> LoadedModel:
+    """`quantization`: None (as the checkpoint is), awq, fp8, int4, int8; see dataplane/quant/checkpoint.py.
+    `weight_dtype`: dense projections' storage where it differs from `dtype` (config.resolve_weight_dtype)."""
     path = resolve_model_path(name)
     spec = resolve_quantization(quantization, read_quantization_config(path), quantize_lm_head=quantize_lm_head,
                                 int4_dense_above=int4_dense_above)
@@ -44,10 +46,18 @@ def load_model(name: str, dtype: torch.dtype, device: str | torch.device = "cpu"
         tokenizer = Tokenizer.from_gguf(path, args.eos_token_ids)
     else:
         tokenizer = Tokenizer.from_directory(path, args.eos_token_ids)
-    model = build_llama(args, tensors, dtype, torch.device(device), quant=spec)
-    log.info("loaded %s: %d layers, %.1f MiB of weights in %s%s", path.name, args.num_layers,
-             model.weight_bytes / 2**20, dtype, f" ({spec.method})" if spec else "")
+    model = build_llama(args, tensors, dtype, torch.device(device), quant=spec, weight_dtype=weight_dtype)
+    log.info("loaded %s: %d layers, %.1f MiB of weights in %s%s%s", path.name, args.num_layers,
+             model.weight_bytes / 2**20, dtype, f" ({spec.method})" if spec else "",
+             f", projections stored in {weight_dtype}" if weight_dtype else "")
     return LoadedModel(model, tokenizer, args, path)
+
+
+def load_configured(mc: ModelConfig, progress: bool = True) -> LoadedModel:
+    """The model a ModelConfig names, loaded as the engine runs it (dtype, weight storage, quantization)."""
+    return load_model(mc.model, mc.torch_dtype, mc.device, progress, quantization=mc.quantization,
+                      quantize_lm_head=mc.quantize_lm_head, int4_dense_above=mc.int4_dense_above,
+                      weight_dtype=mc.torch_weight_dtype)
 
 
 def read_weights(path: Path, progress: bool = True) -> tuple[LlamaArgs, dict[str, torch.Tensor]]:
@@ -56,14 +66,14 @@ def read_weights(path: Path, progress: bool = True) -> tuple[LlamaArgs, dict[str
 
 
 def build_llama(args: LlamaArgs, t: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
-                quant: QuantSpec | None = None) -> LlamaModel:
+                quant: QuantSpec | None = None, weight_dtype: torch.dtype | None = None) -> LlamaModel:
     """Assemble the model from tensors named in Hugging Face's convention.
 
     On the torch path q/k rows are interleaved for the complex-multiply rotary; where the Triton
     kernels run (CUDA, or TESSERA_KERNELS=triton) they keep HF's rotate_half order for the kernel.
     """
     use_kernels = dispatch.use_triton(device)
-    src = Projections(t, dtype, device, quant)
+    src = Projections(t, dtype, device, quant, weight_dtype)
     w = src.dense
 
     def rot(heads: int) -> int | None:

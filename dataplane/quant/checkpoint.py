@@ -113,8 +113,9 @@ class Projections:
     """Builds each projection of the decoder from HF-named tensors: dense, quantized, or quantized at load."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
-                 spec: QuantSpec | None = None) -> None:
+                 spec: QuantSpec | None = None, weight_dtype: torch.dtype | None = None) -> None:
         self.t, self.dtype, self.device, self.spec = tensors, dtype, device, spec
+        self.weight_dtype = weight_dtype  # dense projections' storage when not `dtype` (models.layers.Linear)
 
     # -- dense tensors -----------------------------------------------------------------------
     def dense(self, name: str) -> torch.Tensor:
@@ -146,18 +147,21 @@ class Projections:
                                             and self.t[p + ".weight"].dtype == torch.float8_e4m3fn for p, _ in parts):
                 return _plain_if_decoded(self._fp8(parts))
             # Parts the checkpoint left dense (modules_to_not_convert) stay dense.
-            return Linear(torch.cat([self._dense_part(p, h) for p, h in parts]))
+            return self._linear(torch.cat([self._dense_part(p, h) for p, h in parts]))
         weight = torch.cat([self._dense_part(p, h) for p, h in parts])
-        return Linear(weight) if spec is None else self._quantize(weight)
+        return self._linear(weight) if spec is None else self._quantize(weight)
 
     def head(self, weight: torch.Tensor) -> LinearLayer | Linear:
         """The output projection: dense unless asked to quantize it."""
         if self.spec is None or not self.spec.quantize_lm_head:
-            return Linear(weight)
+            return self._linear(weight)
         # 4-bit methods get an int8 head: round-to-nearest int4 on the head cost +8% perplexity on
         # SmolLM2 (benchmarks/results/quant.md), int8 per channel next to nothing, for half the bytes.
         method = "int8" if self.spec.method in ("awq", "int4") else self.spec.method
         return self._quantize(weight, method)
+
+    def _linear(self, weight: torch.Tensor) -> Linear:
+        return Linear(weight, storage=self.weight_dtype)
 
     def _quantize(self, weight: torch.Tensor, method: str | None = None) -> LinearLayer:
         assert self.spec is not None
