@@ -27,6 +27,9 @@ class WorkerConfig:
     token: str = ""  # shared worker token; empty: no auth (only sensible on loopback)
     # engine
     dtype: str = "auto"
+    # dense projections' storage: auto (float16 under float32 on AVX2/AVX-512 CPUs without native bf16
+    # when dtype is auto), the dtype itself, or float16 (float32 compute on the CPU only)
+    weight_dtype: str = "auto"
     kv_cache_memory: str = "1GiB"
     block_size: int = 16
     max_model_len: int | None = None
@@ -107,7 +110,8 @@ class WorkerConfig:
 
     def engine_kwargs(self) -> dict[str, object]:
         return {
-            "dtype": self.dtype, "kv_cache_memory": self.kv_cache_memory, "block_size": self.block_size,
+            "dtype": self.dtype, "weight_dtype": self.weight_dtype, "kv_cache_memory": self.kv_cache_memory,
+            "block_size": self.block_size,
             "max_model_len": self.max_model_len, "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens, "max_waiting": self.max_waiting,
             "enable_prefix_caching": self.enable_prefix_caching, "seed": self.seed, "progress": False,

@@ -24,8 +24,8 @@ from ..models import (
 from ..models import name_validator as _name_validator
 
 PLACEMENT_KEYS = {"accelerator", "min_memory_gib", "labels", "workers"}
-ENGINE_ARGS = {"dtype", "kv_cache_memory", "block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-               "enable_prefix_caching", "seed", "max_waiting", "max_loras", "max_lora_rank"}
+ENGINE_ARGS = {"dtype", "weight_dtype", "kv_cache_memory", "block_size", "max_model_len", "max_num_seqs",
+               "max_num_batched_tokens", "enable_prefix_caching", "seed", "max_waiting", "max_loras", "max_lora_rank"}
 MODEL_FIELDS = {"source", "architecture", "context_length", "quantizations", "quantized_sources", "description"}
 
 

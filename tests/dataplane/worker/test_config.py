@@ -30,3 +30,14 @@ def test_flags_over_environment_over_defaults():
 def test_bad_settings_name_the_field(argv, env, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
         load_config(argv, env)
+
+
+def test_weight_dtype_reaches_the_engine_config():
+    from dataplane.engine.async_llm import AsyncLLM
+
+    c = load_config(["--model", "x", "--dtype", "float32", "--weight-dtype", "float16"], {})
+    assert c.engine_kwargs()["weight_dtype"] == "float16"
+    assert load_config(["--model", "x"], {"TESSERA_WORKER_WEIGHT_DTYPE": "float32"}).weight_dtype == "float32"
+    # AsyncLLM hands it to ModelConfig, which refuses a combination it cannot run before any load.
+    with pytest.raises(ValueError, match="^weight_dtype: float16 weights under bfloat16"):
+        AsyncLLM.from_args("x", **{**c.engine_kwargs(), "dtype": "bfloat16"})
