@@ -119,8 +119,12 @@ def start_children(args: argparse.Namespace, env: dict[str, str], logs: Path) ->
                            *quiet], env),
         ("celery-beat", [py, "-m", "celery", "-A", "controlplane", "beat", "-s", str(var / "celerybeat-schedule"),
                          "-l", "warning"], env),
+        # The ITL guard as benchmarks/load.py measures it on a CPU (docs/slo.md): premium and enterprise
+        # (priority <= 10) keep their ITL while lower tiers wait for one seat and small prefill chunks.
         ("worker", [py, "-m", "dataplane.worker.agent", "--host", args.host, "--port", str(args.worker_port),
-                    "--dtype", "auto", "--kv-cache-memory", args.kv_cache_memory], worker_env),
+                    "--dtype", "auto", "--kv-cache-memory", args.kv_cache_memory, "--itl-guard-priority", "10",
+                    "--itl-guard-seqs", "1", "--itl-guard-step-tokens", "16", "--itl-guard-step-ms", "60"],
+         worker_env),
     ]
     children = []
     for name, argv, child_env in specs:
