@@ -1,13 +1,16 @@
 """Dense projections on the CPU: float32 through MKL (`F.linear`), float32 through oneDNN's prepacked
-weight (what `dataplane.models.layers.Linear` does), and bf16 `F.linear`; then whole engine steps.
+weight (what `dataplane.models.layers.Linear` does for float32), float32 maths on FBGEMM's float16
+packed weight (`Linear(w, storage=torch.float16)`, what weight_dtype='auto' picks on AVX2 CPUs), and
+bf16 `F.linear`; then whole engine steps.
 
     python -m benchmarks.linear_cpu [--repeats 5]
 
 1. One decode step's linears at SmolLM2-135M's shapes (30 layers of fused qkv, o, fused gate_up,
    down, and the lm head), each weight its own tensor so they stream from memory as in the model,
    at M = 1, 4 and 32 rows. Reports ms per sweep and the weight bytes streamed per second.
-2. The engine's median decode step at batch 1 and 32 (real model, 2 threads), in subprocesses:
-   float32 with packing, float32 with TESSERA_ONEDNN_LINEAR=0, and bf16.
+2. The engine's median decode step at batch 1 and 32 (real model, `--threads`), in subprocesses:
+   float32 maths on float16 weights, float32 with packing, float32 with TESSERA_ONEDNN_LINEAR=0,
+   and bf16.
 
 Writes benchmarks/results/linear_cpu.json and .md. The ratios depend on the CPU: record it.
 """
@@ -35,11 +38,11 @@ ROWS = (1, 4, 32)
 
 ENGINE_SCRIPT = """
 import json, statistics, sys, time, torch
-torch.set_num_threads(2)
+torch.set_num_threads(int(sys.argv[3]))
 from dataplane import SamplingParams
 from dataplane.config import CacheConfig, ModelConfig, SchedulerConfig
 from dataplane.engine.core import EngineCore
-core = EngineCore(ModelConfig("smollm2-135m-instruct", dtype=sys.argv[1]), CacheConfig(kv_cache_memory="512MiB"),
+core = EngineCore(ModelConfig("smollm2-135m-instruct", dtype=sys.argv[1], weight_dtype=sys.argv[2]), CacheConfig(kv_cache_memory="512MiB"),
                   SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=512), progress=False)
 out = {}
 for bs in (1, 32):
@@ -56,9 +59,12 @@ print(json.dumps(out))
 """
 
 
-ENGINE_CONFIGS = [("float32, oneDNN prepacked", "float32", {}),
-                  ("float32, F.linear (TESSERA_ONEDNN_LINEAR=0)", "float32", {"TESSERA_ONEDNN_LINEAR": "0"}),
-                  ("bfloat16", "bfloat16", {})]
+# label, dtype, weight_dtype, environment
+ENGINE_CONFIGS = [("float32 maths, float16 weights (FBGEMM)", "float32", "float16", {}),
+                  ("float32, oneDNN prepacked", "float32", "float32", {}),
+                  ("float32, F.linear (TESSERA_ONEDNN_LINEAR=0)", "float32", "float32", {"TESSERA_ONEDNN_LINEAR": "0"}),
+                  ("bfloat16", "bfloat16", "bfloat16", {})]
+FP16 = "float32 maths, float16 FBGEMM"
 
 
 def sweep_weights(dtype: torch.dtype) -> list[torch.Tensor]:
@@ -84,15 +90,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--engine-rounds", type=int, default=3, help="0 skips the engine steps")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--name", default="linear_cpu", help="results file name (benchmarks/results/<name>.json/.md)")
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     fp32 = sweep_weights(torch.float32)
     fp32_bytes = sum(w.numel() * 4 for w in fp32)
     # DenseLinear is plain F.linear whatever the dtype (MKL for float32); Linear prepacks float32.
     variants = {"float32 F.linear (MKL)": [DenseLinear(w) for w in fp32],
                 "float32 oneDNN prepacked": [Linear(w) for w in fp32],
+                FP16: [Linear(w, storage=torch.float16) for w in fp32],
                 "bfloat16 F.linear": [DenseLinear(w.bfloat16()) for w in fp32]}
     assert all(v.packed for v in variants["float32 oneDNN prepacked"]), "oneDNN packing unavailable here"
+    assert all(v.storage_dtype is torch.float16 for v in variants[FP16]), "FBGEMM fp16 unavailable here"
     del fp32
     sweep = []
     with torch.inference_mode():
@@ -101,7 +111,7 @@ def main() -> None:
                 inputs = {k: torch.randn(m, k).to(torch.bfloat16 if "bfloat16" in name else torch.float32)
                           for k in (576, 1536)}
                 s = time_sweep(fns, inputs, args.repeats)
-                nbytes = fp32_bytes // (2 if "bfloat16" in name else 1)
+                nbytes = fp32_bytes // (2 if "bfloat16" in name or "float16" in name else 1)
                 sweep.append({"variant": name, "rows": m, "ms": s * 1e3, "weight_gb_s": nbytes / s / 1e9})
                 print(f"{name:28s} M={m:2d} {s * 1e3:8.1f} ms  {nbytes / s / 1e9:5.1f} GB/s", flush=True)
 
@@ -110,10 +120,11 @@ def main() -> None:
         # Interleaved rounds, median per configuration: single runs on a shared host moved by 20%.
         runs: dict[str, list[dict[int, float]]] = {}
         for r in range(args.engine_rounds):
-            for label, dtype, env in ENGINE_CONFIGS:
+            for label, dtype, weight_dtype, env in ENGINE_CONFIGS:
                 if dtype == "bfloat16" and r > 0:
                     continue  # one bf16 run: it is several times slower, and only a reference
-                res = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, dtype], env={**os.environ, **env},
+                res = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, dtype, weight_dtype, str(args.threads)],
+                                     env={**os.environ, **env},
                                      capture_output=True, text=True, check=True)
                 got = {int(k): v for k, v in json.loads(res.stdout.strip().splitlines()[-1]).items()}
                 runs.setdefault(label, []).append(got)
@@ -123,19 +134,21 @@ def main() -> None:
     ref = {r["rows"]: r["ms"] for r in sweep if r["variant"] == "float32 F.linear (MKL)"}
     table = ["# Dense projections on the CPU (`python -m benchmarks.linear_cpu`)", "",
              f"One decode step's linears of SmolLM2-135M ({LAYERS} layers x qkv, o, gate_up, down + lm head; "
-             f"{fp32_bytes / 2**20:.0f} MiB in float32), best of {args.repeats}, 2 threads.", "",
+             f"{fp32_bytes / 2**20:.0f} MiB in float32), best of {args.repeats}, {args.threads} thread(s).", "",
              "| variant | rows | ms per step's linears | weight GB/s | vs float32 F.linear |", "|---|---:|---:|---:|---:|"]
     for r in sweep:
         table.append(f"| {r['variant']} | {r['rows']} | {r['ms']:.1f} | {r['weight_gb_s']:.1f} | "
                      f"{ref[r['rows']] / r['ms']:.2f}x |")
     if engine:
-        table += ["", f"Engine, median decode step (real model, 128-token prompts, 2 threads; median of {args.engine_rounds} interleaved runs, bf16 one run):", "",
+        table += ["", f"Engine, median decode step (real model, 128-token prompts, {args.threads} thread(s); median of "
+                  f"{args.engine_rounds} interleaved runs, bf16 one run):", "",
                   "| engine | batch 1 ms | batch 32 ms | batch 32 tok/s |", "|---|---:|---:|---:|"]
         for label, v in engine.items():
             table.append(f"| {label} | {v[1]:.1f} | {v[32]:.1f} | {32e3 / v[32]:.0f} |")
     env = environment()
     table += ["", f"Environment: {env}."]
-    jpath, mpath = write_results("linear_cpu", {"env": env, "sweep": sweep, "engine_step_ms": engine},
+    jpath, mpath = write_results(args.name, {"env": env, "threads": args.threads, "sweep": sweep,
+                                             "engine_step_ms": engine},
                                  "\n".join(table))
     print("\n".join(table))
     print(f"wrote {jpath} and {mpath}")
