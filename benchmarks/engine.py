@@ -22,9 +22,9 @@ import torch
 
 from benchmarks.common import environment, fmt, measure_bandwidth_gbs, percentile, write_results
 from dataplane import SamplingParams
-from dataplane.config import CacheConfig, ModelConfig, SchedulerConfig
+from dataplane.config import CacheConfig, ModelConfig, SchedulerConfig, resolve_dtype
 from dataplane.engine.core import EngineCore
-from dataplane.models.loader import load_model
+from dataplane.models.loader import load_configured
 from dataplane.models.registry import resolve_model_path
 
 MODEL = "smollm2-135m-instruct"
@@ -60,8 +60,8 @@ def mixed_workload(tokenizer, n: int, seed: int = 1) -> Workload:
                     [log_uniform(rng, 16, 256) for _ in range(n)])
 
 
-def run_engine(loaded, work: Workload, concurrency: int, dtype: str, batched_tokens: int = 512) -> dict:
-    core = EngineCore(ModelConfig(MODEL, dtype=dtype), CacheConfig(kv_cache_memory="2GiB"),
+def run_engine(loaded, work: Workload, concurrency: int, mc: ModelConfig, batched_tokens: int = 512) -> dict:
+    core = EngineCore(mc, CacheConfig(kv_cache_memory="2GiB"),
                       SchedulerConfig(max_num_seqs=concurrency, max_num_batched_tokens=batched_tokens),
                       progress=False, preloaded=loaded)
     warm = core.make_requests([1, 2, 3, 4], SamplingParams(max_tokens=4, temperature=0.0))
@@ -146,7 +146,7 @@ def run_hf_static_batches(model, work: Workload, batch: int, limit: int) -> dict
             "queue_wait_p50_ms": percentile(ttft, 50) * 1e3}
 
 
-def _uniform_rows(u: dict) -> list[str]:
+def _uniform_rows(u: dict, hf_dtype: str) -> list[str]:
     rows = ["| workload | system | tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) |", "|---|---|---:|---:|---:|"]
     for c in (1, 8, 32):
         r = u[f"engine_c{c}"]
@@ -154,7 +154,7 @@ def _uniform_rows(u: dict) -> list[str]:
                     f"{fmt(r['ttft_p50_ms'], 0)} / {fmt(r['ttft_p99_ms'], 0)} | "
                     f"{fmt(r['itl_p50_ms'])} / {fmt(r['itl_p99_ms'])} |")
     r = u["transformers_one_at_a_time"]
-    rows.append(f"| uniform | transformers bf16, one at a time ({r['requests']} requests) | {fmt(r['tok_s'])} | "
+    rows.append(f"| uniform | transformers {hf_dtype}, one at a time ({r['requests']} requests) | {fmt(r['tok_s'])} | "
                 f"{fmt(r['ttft_p50_ms'], 0)} / {fmt(r['ttft_p99_ms'], 0)} | – |")
     return rows
 
@@ -167,15 +167,15 @@ def write_uniform_only(results: dict, args: argparse.Namespace, roofline: float,
         "batch1_fraction_of_roofline": u["engine_c1"]["tok_s"] / roofline,
     }
     ratios = results["ratios"]
-    table = "\n".join(_uniform_rows(u)) + (
-        f"\n\nUniform workload only (`--uniform-only`). Engine dtype {args.dtype}, {torch.get_num_threads()} torch "
+    table = "\n".join(_uniform_rows(u, results["hf_dtype"])) + (
+        f"\n\nUniform workload only (`--uniform-only`). Engine dtype {results['dtype']}, {torch.get_num_threads()} torch "
         f"thread(s). Uniform at 32 vs transformers one at a time: "
         f"**{ratios['uniform_c32_vs_transformers_one_at_a_time']:.1f}×** (target ≥ 10×). Batch-1 decode "
         f"{fmt(u['engine_c1']['tok_s'])} tok/s = **{ratios['batch1_fraction_of_roofline']:.0%}** of the "
         f"weight-bandwidth roofline ({bandwidth:.1f} GB/s measured / {weight_bytes / 1e6:.0f} MB of weights = "
         f"{roofline:.0f} tok/s).")
     print(table)
-    write_results("engine_uniform" + ("-quick" if args.quick else ""), results, table)
+    write_results((args.name or "engine") + "_uniform" + ("-quick" if args.quick else ""), results, table)
 
 
 def main() -> None:
@@ -186,7 +186,12 @@ def main() -> None:
     ap.add_argument("--uniform-only", action="store_true",
                     help="only the uniform workload (engine c1/c8/c32 and transformers one at a time, ~5 min; the "
                          "mixed workload's transformers static batches take over an hour here); writes engine_uniform.*")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="bfloat16", help="the engine's; auto: what the worker picks on this host")
+    ap.add_argument("--weight-dtype", default="auto", help="the engine's projection storage (ModelConfig.weight_dtype)")
+    ap.add_argument("--hf-dtype", default="auto",
+                    help="transformers' dtype; auto: bfloat16 where the CPU has it natively, else float32 (the "
+                         "peer's faster choice on that host: emulated bf16 would flatter the ratio)")
+    ap.add_argument("--name", default=None, help="results file stem (default engine / engine_uniform)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads for both systems (default: torch's choice). On a shared, oversubscribed "
                          "machine 1 thread avoids OpenMP barrier stalls that make 2-thread timings meaningless")
@@ -198,20 +203,24 @@ def main() -> None:
         args.hf_uniform_requests = 2
 
     bandwidth = measure_bandwidth_gbs()
-    loaded = load_model(MODEL, getattr(torch, args.dtype), progress=False)
+    mc = ModelConfig(MODEL, dtype=args.dtype, weight_dtype=args.weight_dtype)
+    loaded = load_configured(mc, progress=False)
+    engine_dtype = mc.dtype_label
+    hf_dtype = resolve_dtype(args.hf_dtype)
+    hf_name = str(hf_dtype).removeprefix("torch.")
     tok = loaded.tokenizer
     weight_bytes = loaded.model.weight_bytes
     roofline = bandwidth * 1e9 / weight_bytes
-    results: dict = {"env": environment(), "dtype": args.dtype, "bandwidth_gbs": bandwidth,
+    results: dict = {"env": environment(), "dtype": engine_dtype, "hf_dtype": hf_name, "bandwidth_gbs": bandwidth,
                      "weight_bytes": weight_bytes, "batch1_roofline_tok_s": roofline, "uniform": {}, "mixed": {}}
 
     uni = uniform_workload(tok, 8 if args.quick else 32)
     for c in (1, 8, 32):
         w = Workload(uni.prompts[: max(c, 8 if c == 1 else c)], uni.outputs[: max(c, 8 if c == 1 else c)]) \
             if c == 1 else uni
-        results["uniform"][f"engine_c{c}"] = run_engine(loaded, w, c, args.dtype)
+        results["uniform"][f"engine_c{c}"] = run_engine(loaded, w, c, mc)
         print(f"uniform engine c={c}: {results['uniform'][f'engine_c{c}']['tok_s']:.1f} tok/s", flush=True)
-    hf = load_transformers(torch.bfloat16)
+    hf = load_transformers(hf_dtype)
     results["uniform"]["transformers_one_at_a_time"] = run_hf_one_at_a_time(hf, uni, args.hf_uniform_requests)
     print(f"uniform transformers: {results['uniform']['transformers_one_at_a_time']['tok_s']:.1f} tok/s", flush=True)
     if args.uniform_only:
@@ -219,7 +228,7 @@ def main() -> None:
         return
 
     mixed = mixed_workload(tok, args.mixed_requests)
-    results["mixed"]["engine"] = run_engine(loaded, mixed, 64, args.dtype)
+    results["mixed"]["engine"] = run_engine(loaded, mixed, 64, mc)
     print(f"mixed engine: {results['mixed']['engine']['tok_s']:.1f} tok/s", flush=True)
     results["mixed"]["transformers_static_16"] = run_hf_static_batches(hf, mixed, 16, args.mixed_requests)
     print(f"mixed transformers: {results['mixed']['transformers_static_16']['tok_s']:.1f} tok/s", flush=True)
@@ -231,24 +240,24 @@ def main() -> None:
         "mixed_vs_transformers_static": m["engine"]["tok_s"] / m["transformers_static_16"]["tok_s"],
         "batch1_fraction_of_roofline": u["engine_c1"]["tok_s"] / roofline,
     }
-    rows = _uniform_rows(u)
+    rows = _uniform_rows(u, hf_name)
     r = m["engine"]
     rows.append(f"| mixed {args.mixed_requests} (16–1024 in, 16–256 out) | tessera, all at once | {fmt(r['tok_s'])} | "
                 f"{fmt(r['ttft_p50_ms'], 0)} / {fmt(r['ttft_p99_ms'], 0)} | "
                 f"{fmt(r['itl_p50_ms'])} / {fmt(r['itl_p99_ms'])} |")
     r = m["transformers_static_16"]
-    rows.append(f"| mixed | transformers bf16, static batches of 16 (useful tokens) | {fmt(r['tok_s'])} | "
+    rows.append(f"| mixed | transformers {hf_name}, static batches of 16 (useful tokens) | {fmt(r['tok_s'])} | "
                 f"wait p50 {fmt(r['queue_wait_p50_ms'], 0)} | – |")
     ratios = results["ratios"]
     table = "\n".join(rows) + (
-        f"\n\nEngine dtype {args.dtype}, {torch.get_num_threads()} torch thread(s). Uniform at 32 vs transformers one at a time: "
+        f"\n\nEngine dtype {engine_dtype}, {torch.get_num_threads()} torch thread(s). Uniform at 32 vs transformers one at a time: "
         f"**{ratios['uniform_c32_vs_transformers_one_at_a_time']:.1f}×** (target ≥ 10×). "
         f"Mixed vs static batching: **{ratios['mixed_vs_transformers_static']:.2f}×** (target ≥ 2×). "
         f"Batch-1 decode {fmt(u['engine_c1']['tok_s'])} tok/s = **{ratios['batch1_fraction_of_roofline']:.0%}** of the "
         f"weight-bandwidth roofline ({bandwidth:.1f} GB/s measured / {weight_bytes / 1e6:.0f} MB of weights = "
         f"{roofline:.0f} tok/s; target ≥ 60%).")
     print(table)
-    write_results("engine" + ("-quick" if args.quick else ""), results, table)
+    write_results((args.name or "engine") + ("-quick" if args.quick else ""), results, table)
 
 
 if __name__ == "__main__":
