@@ -34,7 +34,7 @@ from dataplane import SamplingParams
 from dataplane.config import LORA_TARGET_MODULES, CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from dataplane.engine.core import EngineCore
 from dataplane.lora.adapter import MODULE_GROUP, group_shapes
-from dataplane.models.loader import load_model
+from dataplane.models.loader import load_configured
 
 MODEL = "smollm2-135m-instruct"
 NUM_ADAPTERS = 8
@@ -77,8 +77,8 @@ def make_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
     return prompts
 
 
-def engine(loaded, dtype: str, lora: LoRAConfig | None) -> EngineCore:
-    return EngineCore(ModelConfig(MODEL, dtype=dtype), CacheConfig(kv_cache_memory="512MiB"),
+def engine(loaded, mc: ModelConfig, lora: LoRAConfig | None) -> EngineCore:
+    return EngineCore(mc, CacheConfig(kv_cache_memory="512MiB"),
                       SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=512), progress=False,
                       preloaded=loaded, lora_config=lora)
 
@@ -105,11 +105,14 @@ def main() -> None:
                          "costs (oneDNN kernels built per shape, first-touch memory) that a serving worker pays once")
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--targets", choices=sorted(TARGETS), default="all")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="bfloat16", help="auto: what the worker would pick on this host")
+    ap.add_argument("--weight-dtype", default="auto", help="dense projections' storage (ModelConfig.weight_dtype)")
     ap.add_argument("--name", default="lora", help="results file name (benchmarks/results/<name>.json/.md)")
     args = ap.parse_args()
 
-    loaded = load_model(MODEL, getattr(torch, args.dtype), progress=False)
+    mc = ModelConfig(MODEL, dtype=args.dtype, weight_dtype=args.weight_dtype)
+    loaded = load_configured(mc, progress=False)
+    dtype = mc.dtype_label
     tmp = Path(tempfile.mkdtemp(prefix="tessera-lora-bench-"))
     names = [f"tenant-{i}" for i in range(NUM_ADAPTERS)]
     for i, name in enumerate(names):
@@ -117,9 +120,9 @@ def main() -> None:
     prompts = make_prompts(loaded.tokenizer, NUM_ADAPTERS * PER_ADAPTER)
     assignment = [names[i % NUM_ADAPTERS] for i in range(len(prompts))]
 
-    base = engine(loaded, args.dtype, None)
-    mixed = engine(loaded, args.dtype, LoRAConfig(max_loras=NUM_ADAPTERS, max_lora_rank=args.rank))
-    swap = engine(loaded, args.dtype, LoRAConfig(max_loras=1, max_lora_rank=args.rank))
+    base = engine(loaded, mc, None)
+    mixed = engine(loaded, mc, LoRAConfig(max_loras=NUM_ADAPTERS, max_lora_rank=args.rank))
+    swap = engine(loaded, mc, LoRAConfig(max_loras=1, max_lora_rank=args.rank))
     for name in names:
         mixed.add_adapter(name, str(tmp / name))
     # Warm-up: first steps allocate buffers and fill caches; every adapter is copied into its slot
@@ -167,7 +170,7 @@ def main() -> None:
     tok_s = {v: statistics.median(r[v]["tok_s"] for r in rounds) for v in ("base", "mixed", "swapping")}
     slots = mixed.runner.lora.slots
     results = {
-        "env": environment(), "dtype": args.dtype, "rank": args.rank, "targets": list(TARGETS[args.targets]),
+        "env": environment(), "dtype": dtype, "rank": args.rank, "targets": list(TARGETS[args.targets]),
         "warmup_rounds": args.warmup_rounds,
         "adapters": NUM_ADAPTERS, "requests": len(prompts), "output_tokens": OUTPUT_TOKENS,
         "slot_buffer_mib": slots.num_bytes / 2**20, "rounds": rounds, "median_ratios": med, "median_tok_s": tok_s,
@@ -175,7 +178,7 @@ def main() -> None:
                         "mixed_ge_3x_swapping": med["mixed_vs_swapping"] >= 3.0},
     }
     table = [
-        f"# Multi-LoRA throughput ({args.dtype}, rank {args.rank}, targets {args.targets}, "
+        f"# Multi-LoRA throughput ({dtype}, rank {args.rank}, targets {args.targets}, "
         f"{NUM_ADAPTERS} adapters x {PER_ADAPTER} requests, {OUTPUT_TOKENS} output tokens each)", "",
         "| round | base tok/s | mixed tok/s | swapping tok/s | mixed / base | mixed / swapping |",
         "|---|---:|---:|---:|---:|---:|",
