@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dataplane.structured.params import StructuredOutputs
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -23,6 +25,7 @@ class SamplingParams:
     logprobs: int | None = None  # return the sampled token's logprob and this many alternatives
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured: StructuredOutputs | None = None  # constrain the output (JSON schema, regex, ...)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -52,6 +55,12 @@ class SamplingParams:
             raise ValueError(f"logprobs: must be between 0 and 20, got {self.logprobs}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed: must be an integer, got {self.seed!r}")
+        if self.structured is not None:
+            if not isinstance(self.structured, StructuredOutputs):
+                raise ValueError("structured: expected StructuredOutputs")
+            if self.ignore_eos:
+                # The grammar ends the output with EOS; past it nothing can match.
+                raise ValueError(f"ignore_eos: cannot be combined with {self.structured.source}")
 
     @property
     def greedy(self) -> bool:
