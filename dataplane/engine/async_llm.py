@@ -86,6 +86,9 @@ class AsyncLLM:
         """
         if self._error is not None or self._stopped.is_set():
             raise EngineDeadError(f"engine is not running: {self._error!r}")
+        if params.structured is not None:
+            # Compile off the event loop (a large schema takes milliseconds to seconds); cached after.
+            await asyncio.to_thread(self.core.structured.compile, params.structured)
         rid, text, children = self.core.make_requests(prompt, params, request_id=request_id or uuid.uuid4().hex,
                                                       priority=priority, cache_salt=cache_salt, adapter=adapter)
         limit = self.core.scheduler.config.max_waiting

@@ -17,6 +17,7 @@ from dataplane.models.loader import LoadedModel, load_configured
 from dataplane.outputs import RequestOutput
 from dataplane.request import Request, RequestStatus
 from dataplane.runner.model_runner import ModelRunner
+from dataplane.structured.backend import GrammarBackend
 from dataplane.sampling_params import SamplingParams
 from dataplane.scheduler.output import ModelRunnerOutput
 from dataplane.scheduler.scheduler import Scheduler
@@ -72,8 +73,10 @@ class EngineCore:
                                    max_loras=lora_config.max_loras if lora_config else None)
         # Multi-LoRA (dataplane/lora): None when the engine serves the base model only.
         self.lora = LoRAManager(lora_config, self.model, self.scheduler) if lora_config else None
+        # Structured outputs: grammars compiled against this tokenizer (lazily: plain engines pay nothing).
+        self.structured = GrammarBackend(self.tokenizer.hf, self.model.args.vocab_size, self.tokenizer.eos_token_ids)
         self.runner = ModelRunner(self.model, num_blocks, cache_config.block_size, model_config.seed,
-                                  lora=self.lora.runtime if self.lora else None)
+                                  lora=self.lora.runtime if self.lora else None, structured=self.structured)
         self.processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
 
@@ -98,6 +101,8 @@ class EngineCore:
             raise ValueError("params: expected SamplingParams")
         text, ids = self.tokenize(prompt)
         adapter = self._adapter_key(adapter)
+        if params.structured is not None:
+            self.structured.compile(params.structured)  # a bad schema is a ValueError now, not mid-step
         rid = request_id or f"req-{next(self._ids)}"
         children: list[Request] = []
         for i in range(params.n):

@@ -17,6 +17,7 @@ from dataplane.runner.attention import AttentionMetadata, build_decode_groups, m
 from dataplane.sampling.sampler import Sampler, SamplingRow
 from dataplane.sampling_params import SamplingParams
 from dataplane.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from dataplane.structured.backend import GrammarBackend, Matcher
 
 log = logging.getLogger(__name__)
 
@@ -29,13 +30,15 @@ class RunnerRequestState:
     num_computed_tokens: int
     params: SamplingParams
     adapter: str | None
+    matcher: Matcher | None = None  # structured outputs: the grammar's state (built at first sampling)
 
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, seed: int = 0,
-                 lora: LoRARuntime | None = None) -> None:
+                 lora: LoRARuntime | None = None, structured: GrammarBackend | None = None) -> None:
         self.model = model
         self.lora = lora  # device slots and per-step adapter metadata, when LoRA is enabled
+        self.structured = structured  # compiles and matches grammars of structured-output requests
         self.block_size = block_size
         a = model.args
         shape = (num_blocks, block_size, a.num_kv_heads, a.head_dim)
@@ -128,10 +131,43 @@ class ModelRunner:
         for rid in sampled:
             st = self.states[rid]
             rows.append(SamplingRow(st.params, st.token_ids, st.num_prompt_tokens))
-        tokens, logprobs = self.sampler(logits.cpu(), rows)
+        constrain = self._grammar_masks(sampled, result)
+        tokens, logprobs = self.sampler(logits.cpu(), rows, constrain)
         for rid, tok, lp in zip(sampled, tokens, logprobs, strict=True):
-            self.states[rid].token_ids.append(tok)
+            st = self.states[rid]
+            if rid in result.failed_request_ids:
+                continue
+            if st.matcher is not None and not st.matcher.accept(tok):
+                result.failed_request_ids[rid] = (f"{st.params.structured.source}: the grammar refused token {tok} "
+                                                  "(no token it allows was left to sample)")
+                continue
+            st.token_ids.append(tok)
             result.sampled_token_ids[rid] = [tok]
             if lp is not None:
                 result.logprobs[rid] = [lp]
         return result
+
+    def _grammar_masks(self, sampled: list[str], result: ModelRunnerOutput):
+        """For structured-output rows: a function masking their logits to what each grammar allows
+        next, or None when no row is constrained. A matcher that cannot be built fails its request."""
+        constrained = [i for i, rid in enumerate(sampled) if self.states[rid].params.structured is not None]
+        if not constrained:
+            return None
+        if self.structured is None:
+            for i in constrained:
+                result.failed_request_ids[sampled[i]] = "structured outputs are not enabled on this engine"
+            return None
+        bitmask = self.structured.allocate_bitmask(len(sampled))
+        masked = []
+        for i in constrained:
+            st = self.states[sampled[i]]
+            try:
+                if st.matcher is None:  # first sampling, or resumed after preemption: replay its outputs
+                    st.matcher = self.structured.matcher(st.params.structured, st.token_ids[st.num_prompt_tokens:])
+                st.matcher.fill(bitmask, i)
+            except ValueError as exc:
+                result.failed_request_ids[sampled[i]] = str(exc)
+                continue
+            masked.append(i)
+        backend = self.structured
+        return lambda logits: backend.apply_bitmask(logits, bitmask, masked) if masked else None

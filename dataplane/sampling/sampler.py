@@ -7,6 +7,7 @@ not depend on its batch mates nor on whether it was preempted and recomputed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -48,11 +49,17 @@ class Sampler:
         self.generator = torch.Generator()
         self.generator.manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[list[int], list[TokenLogprobs | None]]:
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow],
+                 constrain: Callable[[torch.Tensor], None] | None = None,
+                 ) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """`constrain` masks disallowed tokens of some rows to -inf in place (structured outputs).
+        Logprobs are the model's own, taken before it and before penalties (as vLLM's default)."""
         logits = logits.float()
         num_rows, vocab = logits.shape
         want_logprobs = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         raw_logprobs = torch.log_softmax(logits[want_logprobs], dim=-1) if want_logprobs else None
+        if constrain is not None:
+            constrain(logits)
 
         penalised = [i for i, r in enumerate(rows) if r.params.needs_penalties]
         if penalised:
