@@ -3,7 +3,10 @@
 Parsing is strict about the types of the fields it knows (`"temperature": "0.5"` is a 400, as it
 is at OpenAI) and ignores fields it does not know. Every field is nullable, so a client that sends
 `"n": null` gets the default. Extensions (after vLLM's): top_k, min_p, repetition_penalty,
-priority, ignore_eos, stop_token_ids, skip_special_tokens, include_stop_str_in_output.
+priority, ignore_eos, stop_token_ids, skip_special_tokens, include_stop_str_in_output, and for
+structured outputs `structured_outputs` ({json | json_object | regex | choice | grammar}) and the
+older guided_json, guided_regex, guided_choice, guided_grammar. OpenAI's `response_format`
+(json_object, json_schema) is taken on both endpoints.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from dataplane.sampling_params import SamplingParams
+from dataplane.structured.params import KINDS, StructuredOutputs
 from dataplane.worker.errors import WorkerError, invalid
 
 
@@ -58,6 +62,13 @@ class GenerationRequest(_Body):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
+    # structured outputs
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -78,8 +89,30 @@ class GenerationRequest(_Body):
             "include_stop_str_in_output": self.include_stop_str_in_output,
         }
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, stop=stop,
+        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, stop=stop, structured=self.structured(),
                               **{k: v for k, v in given.items() if v is not None})
+
+    def structured(self) -> StructuredOutputs | None:
+        """The output constraint, from whichever one field carries it (a 400 if several do)."""
+        legacy = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+        given = [f for f in ("response_format", "structured_outputs", *legacy) if getattr(self, f) is not None]
+        if self.response_format is not None and self.response_format.get("type") in (None, "text"):
+            given.remove("response_format")  # plain text: no constraint
+        if not given:
+            return None
+        if len(given) > 1:
+            raise invalid(f"{given[1]}: only one of {', '.join(given)} may constrain the output", given[1])
+        source = given[0]
+        if source == "response_format":
+            return _response_format(self.response_format)
+        if source == "structured_outputs":
+            unknown = sorted(set(self.structured_outputs) - set(KINDS))
+            if unknown:
+                raise invalid(f"structured_outputs: unsupported keys {unknown}; use one of {', '.join(KINDS)}",
+                              "structured_outputs", "unsupported_parameter")
+            spec = {k: v for k, v in self.structured_outputs.items() if v is not None}
+            return StructuredOutputs(**spec, source=source)
+        return StructuredOutputs(**{legacy[source]: getattr(self, source)}, source=source)
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -89,7 +122,6 @@ class ChatCompletionRequest(GenerationRequest):
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -111,9 +143,6 @@ class ChatCompletionRequest(GenerationRequest):
             raise invalid("messages: must contain at least one message", "messages")
         if self.tools and self.tool_choice != "none":
             raise invalid("tools are not supported by this worker.", "tools", "unsupported_parameter")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise invalid("response_format: only {\"type\": \"text\"} is supported by this worker.",
-                          "response_format", "unsupported_parameter")
         out = []
         for i, m in enumerate(self.messages):
             content = m.content
@@ -169,3 +198,25 @@ def check_model(requested: str | None, served: str) -> None:
     if requested is not None and requested != served:
         raise WorkerError(f"The model `{requested}` does not exist (this worker serves `{served}`).",
                           status=404, code="model_not_found", param="model")
+
+
+def _response_format(fmt: dict[str, Any]) -> StructuredOutputs:
+    """OpenAI's response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}."""
+    kind = fmt.get("type")
+    if kind == "json_object":
+        return StructuredOutputs(json_object=True, source="response_format")
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict):
+            raise invalid("response_format.json_schema: required, an object with a name and a schema",
+                          "response_format.json_schema")
+        if not isinstance(spec.get("name"), str) or not spec["name"]:
+            raise invalid("response_format.json_schema.name: required, a non-empty string",
+                          "response_format.json_schema.name")
+        schema = spec.get("schema")
+        if not isinstance(schema, dict):
+            raise invalid("response_format.json_schema.schema: required, a JSON schema object",
+                          "response_format.json_schema.schema")
+        return StructuredOutputs(json=schema, source="response_format")
+    raise invalid(f"response_format.type: {kind!r} is not supported; use 'text', 'json_object' or 'json_schema'",
+                  "response_format.type")

@@ -125,6 +125,20 @@ async def test_echo_prepends_the_prompt():
     (orjson.dumps({**CHAT, "top_logprobs": 2}), "top_logprobs", "invalid_value"),
     (orjson.dumps({**CHAT, "tools": [{"type": "function"}]}), "tools", "unsupported_parameter"),
     (orjson.dumps({**CHAT, "logit_bias": {"1": 5}}), "logit_bias", "unsupported_parameter"),
+    (orjson.dumps({**CHAT, "response_format": {"type": "yaml"}}), "response_format.type", "invalid_value"),
+    (orjson.dumps({**CHAT, "response_format": {"type": "json_schema"}}), "response_format.json_schema",
+     "invalid_value"),
+    (orjson.dumps({**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "p"}}}),
+     "response_format.json_schema.schema", "invalid_value"),
+    (orjson.dumps({**CHAT, "structured_outputs": {"regex": "a", "choice": ["a"]}}), "structured_outputs",
+     "invalid_value"),
+    (orjson.dumps({**CHAT, "structured_outputs": {"whitespace_pattern": " "}}), "structured_outputs",
+     "unsupported_parameter"),
+    (orjson.dumps({**CHAT, "response_format": {"type": "json_object"}, "guided_choice": ["a"]}), "guided_choice",
+     "invalid_value"),
+    (orjson.dumps({**CHAT, "guided_json": "{oops"}), "guided_json", "invalid_value"),
+    (orjson.dumps({**CHAT, "response_format": {"type": "json_object"}, "ignore_eos": True}), "ignore_eos",
+     "invalid_value"),
     (orjson.dumps({**CHAT, "messages": [{"role": "assistant", "content": "refuse"}]}), "messages", "invalid_value"),
 ])
 async def test_bad_chat_input_is_a_400_naming_the_field(body, param, code):
@@ -252,3 +266,22 @@ async def test_colliding_request_ids_get_unique_engine_ids():
     assert all(r.headers["x-request-id"] == "same" for r in responses)
     ids = [c.request_id for c in engine.calls]
     assert ids[0] == "same" and ids[1].startswith("same-") and len(set(ids)) == 2
+
+
+@pytest.mark.parametrize("path,extra,want", [
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "p", "schema": {"type": "object", "properties": {"b": {}, "a": {}}}}}},
+     ("json", '{"type":"object","properties":{"b":{},"a":{}}}', "response_format")),
+    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, ("json_object", "True", "response_format")),
+    ("/v1/chat/completions", {"response_format": {"type": "text"}}, None),
+    ("/v1/completions", {"structured_outputs": {"choice": ["a", "b"]}}, ("choice", '["a", "b"]', "structured_outputs")),
+    ("/v1/completions", {"guided_regex": "[0-9]+"}, ("regex", "[0-9]+", "guided_regex")),
+    ("/v1/completions", {"guided_grammar": 'root ::= "x"'}, ("grammar", 'root ::= "x"', "guided_grammar")),
+])
+async def test_structured_output_fields_reach_the_engine(path, extra, want):
+    engine, _, client = make()
+    body = {**CHAT, **extra} if "chat" in path else {"model": "fake", "prompt": "hi", "max_tokens": 2, **extra}
+    r = await client.post(path, json=body)
+    assert r.status_code == 200, r.text
+    spec = engine.calls[0].params.structured
+    assert (spec is None if want is None else (*spec.key, spec.source) == want)

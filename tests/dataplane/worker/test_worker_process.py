@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import time
 
 import httpx
@@ -87,6 +89,43 @@ def test_logprobs_in_both_shapes(client):
     assert "".join(lp.tokens) == done.choices[0].text and len(lp.token_logprobs) == 3
     assert lp.text_offset == [0, len(lp.tokens[0]), len(lp.tokens[0]) + len(lp.tokens[1])]
     assert all(len(top) == 2 for top in lp.top_logprobs)
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_structured_outputs_through_the_openai_client(client):
+    messages = [{"role": "user", "content": "Describe Ana, who is 31."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0,
+                                          response_format=fmt)
+    assert chat.choices[0].finish_reason == "stop"
+    person = json.loads(chat.choices[0].message.content)
+    assert list(person) == ["name", "age"] and isinstance(person["age"], int)
+
+    chunks = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0,
+                                            response_format={"type": "json_object"}, stream=True)
+    assert isinstance(json.loads("".join(c.choices[0].delta.content or "" for c in chunks if c.choices)), dict)
+
+    done = client.completions.create(model=MODEL, prompt="The year the war ended:", max_tokens=8, temperature=0,
+                                     extra_body={"structured_outputs": {"regex": "[12][0-9]{3}"}})
+    assert re.fullmatch("[12][0-9]{3}", done.choices[0].text) and done.choices[0].finish_reason == "stop"
+    picked = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0,
+                                            extra_body={"guided_choice": ["young", "old"]})
+    assert picked.choices[0].message.content in ("young", "old")
+
+
+@pytest.mark.parametrize("kwargs,param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+     "response_format"),
+    ({"extra_body": {"structured_outputs": {"regex": "(unclosed"}}}, "structured_outputs"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
+])
+def test_bad_structured_outputs_are_400s(client, kwargs, param):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4, **kwargs)
+    assert err.value.code == "invalid_value" and err.value.body["param"] == param
 
 
 def test_prefix_cache_is_shared_within_a_salt_only(worker, client):
