@@ -7,6 +7,8 @@ SchedulerOutput, so a continuing request costs the scheduler only its new block 
 from __future__ import annotations
 
 import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +41,11 @@ class ModelRunner:
         self.model = model
         self.lora = lora  # device slots and per-step adapter metadata, when LoRA is enabled
         self.structured = structured  # compiles and matches grammars of structured-output requests
+        # Grammar masks are filled on a thread while the model runs (they depend only on tokens already
+        # accepted); the step waits only for what is left of that, and for applying them.
+        self._grammar_pool: ThreadPoolExecutor | None = None
+        self.grammar_seconds = 0.0  # the step's own time on masks: waiting for the fill, applying
+        self.grammar_fill_seconds = 0.0  # filling, on the grammar thread (overlapped with the model)
         self.block_size = block_size
         a = model.args
         shape = (num_blocks, block_size, a.num_kv_heads, a.head_dim)
@@ -113,16 +120,22 @@ class ModelRunner:
                 [self.states[r].block_ids for r in decodes], bs, device),
             prefills=[make_prefill_chunk(s, e, p, t, device) for s, e, p, t in chunks],
         )
+        masks = self._begin_masks(sampled)
         lora = None
         if self.lora is not None:
             lora = self.lora.prepare([(self.states[rid].adapter, sched[rid]) for rid in order], len(decodes))
-        logits = self.model.forward(
-            torch.tensor(input_ids, dtype=torch.long, device=device),
-            torch.tensor(positions, dtype=torch.long, device=device),
-            meta, self.kv_caches,
-            torch.tensor(logits_rows, dtype=torch.long, device=device),
-            lora=lora,
-        )
+        try:
+            logits = self.model.forward(
+                torch.tensor(input_ids, dtype=torch.long, device=device),
+                torch.tensor(positions, dtype=torch.long, device=device),
+                meta, self.kv_caches,
+                torch.tensor(logits_rows, dtype=torch.long, device=device),
+                lora=lora,
+            )
+        except BaseException:
+            if masks is not None:
+                masks.exception()  # let the fill finish before the states it reads can change
+            raise
         for rid in order:
             self.states[rid].num_computed_tokens += sched[rid]
         if not sampled:
@@ -131,7 +144,7 @@ class ModelRunner:
         for rid in sampled:
             st = self.states[rid]
             rows.append(SamplingRow(st.params, st.token_ids, st.num_prompt_tokens))
-        constrain = self._grammar_masks(sampled, result)
+        constrain = self._finish_masks(masks, result)
         tokens, logprobs = self.sampler(logits.cpu(), rows, constrain)
         for rid, tok, lp in zip(sampled, tokens, logprobs, strict=True):
             st = self.states[rid]
@@ -147,16 +160,21 @@ class ModelRunner:
                 result.logprobs[rid] = [lp]
         return result
 
-    def _grammar_masks(self, sampled: list[str], result: ModelRunnerOutput):
-        """For structured-output rows: a function masking their logits to what each grammar allows
-        next, or None when no row is constrained. A matcher that cannot be built fails its request."""
+    def _begin_masks(self, sampled: list[str]) -> Future | None:
+        """Start filling the grammar masks of this step's structured-output rows (None: there are none)."""
         constrained = [i for i, rid in enumerate(sampled) if self.states[rid].params.structured is not None]
         if not constrained:
             return None
+        if self._grammar_pool is None:
+            self._grammar_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+        return self._grammar_pool.submit(self._fill_masks, sampled, constrained)
+
+    def _fill_masks(self, sampled: list[str], constrained: list[int]) -> tuple[object, list[int], dict[str, str]]:
+        """(bitmask, rows it masks, failures): a matcher that cannot be built fails its request."""
+        start = time.perf_counter()
+        failed: dict[str, str] = {}
         if self.structured is None:
-            for i in constrained:
-                result.failed_request_ids[sampled[i]] = "structured outputs are not enabled on this engine"
-            return None
+            return None, [], {sampled[i]: "structured outputs are not enabled on this engine" for i in constrained}
         bitmask = self.structured.allocate_bitmask(len(sampled))
         masked = []
         for i in constrained:
@@ -166,8 +184,25 @@ class ModelRunner:
                     st.matcher = self.structured.matcher(st.params.structured, st.token_ids[st.num_prompt_tokens:])
                 st.matcher.fill(bitmask, i)
             except ValueError as exc:
-                result.failed_request_ids[sampled[i]] = str(exc)
+                failed[sampled[i]] = str(exc)
                 continue
             masked.append(i)
-        backend = self.structured
-        return lambda logits: backend.apply_bitmask(logits, bitmask, masked) if masked else None
+        self.grammar_fill_seconds += time.perf_counter() - start
+        return bitmask, masked, failed
+
+    def _finish_masks(self, masks: Future | None, result: ModelRunnerOutput):
+        """A function masking the constrained rows' logits in place, or None."""
+        if masks is None:
+            return None
+        t0 = time.perf_counter()
+        bitmask, masked, failed = masks.result()
+        self.grammar_seconds += time.perf_counter() - t0
+        result.failed_request_ids.update(failed)
+        if not masked:
+            return None
+
+        def constrain(logits):
+            t1 = time.perf_counter()
+            self.structured.apply_bitmask(logits, bitmask, masked)
+            self.grammar_seconds += time.perf_counter() - t1
+        return constrain
