@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import time
 
 import openai
@@ -88,3 +90,21 @@ def test_rate_limit_error_class_through_a_real_worker(e2e_gateway, tenant_key):
     with pytest.raises(openai.RateLimitError) as exc:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=1)
     assert exc.value.response.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_structured_outputs_through_the_gateway(e2e_gateway, tenant_key):
+    _, secret = tenant_key.sync(requests_per_minute=100)
+    client = openai.OpenAI(base_url=f"{e2e_gateway}/v1", api_key=secret, max_retries=0, timeout=120)
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]},
+                                               "hex": {"type": "string", "pattern": "^#[0-9a-f]{6}$"}},
+              "required": ["colour", "hex"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "colour", "schema": schema, "strict": True}}
+    out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a colour."}],
+                                         max_tokens=30, temperature=0, response_format=fmt)
+    value = json.loads(out.choices[0].message.content)
+    assert value["colour"] in ("red", "green", "blue") and re.fullmatch("#[0-9a-f]{6}", value["hex"])
+    with pytest.raises(openai.BadRequestError) as bad:  # the worker's 400 reaches the client as OpenAI's
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                       response_format={"type": "json_schema",
+                                                        "json_schema": {"name": "x", "schema": {"type": "nonsense"}}})
+    assert bad.value.body["param"] == "response_format" and "invalid JSON schema" in bad.value.message
