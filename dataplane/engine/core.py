@@ -17,11 +17,11 @@ from dataplane.models.loader import LoadedModel, load_configured
 from dataplane.outputs import RequestOutput
 from dataplane.request import Request, RequestStatus
 from dataplane.runner.model_runner import ModelRunner
-from dataplane.structured.backend import GrammarBackend
 from dataplane.sampling_params import SamplingParams
 from dataplane.scheduler.output import ModelRunnerOutput
 from dataplane.scheduler.scheduler import Scheduler
 from dataplane.stats import SchedulerStats
+from dataplane.structured.backend import GrammarBackend
 
 log = logging.getLogger(__name__)
 
