@@ -54,10 +54,12 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> list[int]:
         if not getattr(self.hf, "chat_template", None):
             raise ValueError("messages: this model has no chat template; use a completion prompt instead")
-        out = self.hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
+        out = self.hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt,
+                                          tools=tools or None)
         return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
 
     def decode_stream(self, skip_special_tokens: bool = True) -> DecodeStream:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from dataplane.sampling_params import SamplingParams
 from dataplane.structured.params import KINDS, StructuredOutputs
 from dataplane.worker.errors import WorkerError, invalid
+from dataplane.worker.tools import ToolMode, parse_tools, template_message
 
 
 class _Body(BaseModel):
@@ -37,6 +38,8 @@ class ChatMessage(_Body):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool's answer to that call
 
 
 class GenerationRequest(_Body):
@@ -122,6 +125,20 @@ class ChatCompletionRequest(GenerationRequest):
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+
+    def tool_mode(self) -> ToolMode | None:
+        """What tools / tool_choice ask for (tools.py); None: a text answer."""
+        return parse_tools(self.tools, self.tool_choice, self.parallel_tool_calls)
+
+    def structured(self) -> StructuredOutputs | None:
+        mode = self.tool_mode()
+        spec = super().structured()
+        if mode is None:
+            return spec
+        if spec is not None:
+            raise invalid(f"{spec.source}: cannot be combined with tool_choice {mode.kind!r}", spec.source)
+        return mode.structured()
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -141,8 +158,6 @@ class ChatCompletionRequest(GenerationRequest):
         self.check_common()
         if not self.messages:
             raise invalid("messages: must contain at least one message", "messages")
-        if self.tools and self.tool_choice != "none":
-            raise invalid("tools are not supported by this worker.", "tools", "unsupported_parameter")
         out = []
         for i, m in enumerate(self.messages):
             content = m.content
@@ -154,7 +169,11 @@ class ChatCompletionRequest(GenerationRequest):
             msg: dict[str, Any] = {"role": m.role, "content": content or ""}
             if m.name is not None:
                 msg["name"] = m.name
-            out.append(msg)
+            if m.tool_calls:
+                msg["tool_calls"] = m.tool_calls
+            if m.tool_call_id is not None:
+                msg["tool_call_id"] = m.tool_call_id
+            out.append(template_message(msg))
         return out
 
 

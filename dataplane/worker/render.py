@@ -15,6 +15,7 @@ import orjson
 
 from dataplane.models.tokenizer import Tokenizer
 from dataplane.scheduler.output import TokenLogprobs
+from dataplane.worker.tools import ToolMode, call
 
 DONE = b"data: [DONE]\n\n"
 
@@ -103,14 +104,16 @@ class Choice:
     finish_reason: str | None = None
     error: str | None = None
     sent_role: bool = False  # chat streaming: the first chunk carries the role
+    call_id: str | None = None  # chat streaming of a named tool call: the call's id
 
 
 class Renderer:
     """Builds one request's bodies; `chat` picks the endpoint's shapes."""
 
     def __init__(self, *, chat: bool, response_id: str, created: int, model: str, include_usage: bool,
-                 logprobs: bool, text: TokenText) -> None:
+                 logprobs: bool, text: TokenText, tools: ToolMode | None = None) -> None:
         self.chat = chat
+        self.tools = tools if chat else None  # the answer is tool calls (worker/tools.py)
         self.head = {"id": response_id, "object": "chat.completion.chunk" if chat else "text_completion",
                      "created": created, "model": model}
         if chat:
@@ -136,6 +139,8 @@ class Renderer:
     def chunk(self, c: Choice, text: str, entries: list[TokenLogprobs] | None, finish_reason: str | None
               ) -> dict[str, Any] | None:
         """One choice's chunk for a delta, or None when it carries nothing the client can see."""
+        if self.tools is not None:
+            return self._tool_chunk(c, text, entries, finish_reason)
         if not text and not finish_reason and not (self.logprobs and entries) and (c.sent_role or not self.chat):
             return None
         if self.chat:
@@ -150,6 +155,47 @@ class Renderer:
         return {"index": c.index, "text": text, "logprobs": self._logprobs(c, entries),
                 "finish_reason": finish_reason}
 
+    def _tool_chunk(self, c: Choice, text: str, entries: list[TokenLogprobs] | None, finish_reason: str | None
+                    ) -> dict[str, Any] | None:
+        """A named call streams its arguments as they come (OpenAI's shape: the id and name first);
+        `required` calls are sent whole when the answer ends (the array must be parsed first)."""
+        tools = self.tools
+        assert tools is not None
+        delta: dict[str, Any] = {}
+        if not c.sent_role:
+            delta.update(role="assistant", content=None)
+            c.sent_role = True
+            if tools.kind == "named":
+                first = call(tools.tools[0].name, "")
+                c.call_id = first["id"]
+                delta["tool_calls"] = [{"index": 0, **first}]
+        if tools.kind == "named":
+            if text and "tool_calls" in delta:
+                delta["tool_calls"][0]["function"]["arguments"] = text
+            elif text:
+                delta["tool_calls"] = [{"index": 0, "function": {"arguments": text}}]
+        else:
+            c.text.append(text)
+            if finish_reason is not None:
+                calls = tools.calls("".join(c.text))
+                if calls is None:  # cut short: no complete call to report, so the raw answer
+                    delta["content"] = "".join(c.text)
+                else:
+                    delta["tool_calls"] = [{"index": k, **x} for k, x in enumerate(calls)]
+                    finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+        if not delta and not finish_reason and not (self.logprobs and entries):
+            return None
+        return {"index": c.index, "delta": delta, "logprobs": self._logprobs(c, entries), "finish_reason": finish_reason}
+
+    def _tool_message(self, c: Choice, text: str) -> tuple[dict[str, Any], str | None]:
+        tools = self.tools
+        assert tools is not None
+        calls = tools.calls(text)
+        if calls is None:
+            return {"role": "assistant", "content": text, "refusal": None}, c.finish_reason
+        reason = "tool_calls" if tools.kind == "required" and c.finish_reason == "stop" else c.finish_reason
+        return {"role": "assistant", "content": None, "refusal": None, "tool_calls": calls}, reason
+
     def event(self, choices: list[dict[str, Any]]) -> bytes:
         """One SSE event per choice (OpenAI sends one choice per chunk), written in one send."""
         return b"".join(self._prefix + orjson.dumps(ch) + self._suffix for ch in choices)
@@ -163,7 +209,10 @@ class Renderer:
         for c in choices:
             text = "".join(c.text)
             lp = self._logprobs(c, c.logprobs)
-            if self.chat:
+            if self.chat and self.tools is not None:
+                message, reason = self._tool_message(c, text)
+                out.append({"index": c.index, "message": message, "logprobs": lp, "finish_reason": reason})
+            elif self.chat:
                 out.append({"index": c.index, "message": {"role": "assistant", "content": text, "refusal": None},
                             "logprobs": lp, "finish_reason": c.finish_reason})
             else:

@@ -14,6 +14,7 @@ from dataplane.sampling_params import SamplingParams
 from dataplane.worker import errors
 from dataplane.worker.metrics import RequestTrace
 from dataplane.worker.render import DONE, Choice, Renderer, usage
+from dataplane.worker.tools import ToolMode
 
 log = logging.getLogger("tessera.worker")
 
@@ -38,6 +39,7 @@ class Job:
     priority: int | None  # the body's `priority` extension
     echo: list[str] | None  # completions with echo: each prompt's text
     adapter: str | None = None  # the LoRA adapter `model` named (None: the base model)
+    tools: ToolMode | None = None  # chat with tool_choice named or required: the answer is tool calls
 
     @property
     def num_choices(self) -> int:

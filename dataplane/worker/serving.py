@@ -46,14 +46,17 @@ class Serving:
         req = _parse(ChatCompletionRequest, raw)
         adapter = resolve_model(req.model, self.config.model_id, self.engine)
         conversation = req.conversation()
+        tool_mode = req.tool_mode()
         try:
-            ids = self.engine.tokenizer.apply_chat_template(conversation)
+            ids = self.engine.tokenizer.apply_chat_template(conversation, tools=req.tools)
         except ValueError as exc:
             raise errors.from_value_error(exc, "messages") from None
         except Exception as exc:  # noqa: BLE001 - the template refused the conversation (jinja raised)
             raise errors.invalid(f"messages: the chat template refused them: {exc}", "messages") from None
         max_tokens = self._max_tokens(req.requested_max_tokens, [ids], "messages", self.config.default_max_tokens)
-        return self._job(req, True, [ids], max_tokens, req.num_logprobs, "messages", None, adapter)
+        job = self._job(req, True, [ids], max_tokens, req.num_logprobs, "messages", None, adapter)
+        job.tools = tool_mode
+        return job
 
     def prepare_completion(self, raw: bytes) -> Job:
         req = _parse(CompletionRequest, raw)
@@ -95,7 +98,7 @@ class Serving:
         prefix = "chatcmpl-" if job.chat else "cmpl-"
         r = Renderer(chat=job.chat, response_id=prefix + ctx.request_id, created=int(time.time()),
                      model=job.adapter or self.config.model_id, include_usage=job.include_usage,
-                     logprobs=job.params.logprobs is not None, text=self.text)
+                     logprobs=job.params.logprobs is not None, text=self.text, tools=job.tools)
         param = "messages" if job.chat else "prompt"
         events = self._events(job, ctx, prio)
         gen = Generation(job, ctx, r, trace, events, lambda exc: self.engine_error(exc, param))

@@ -26,7 +26,7 @@ class FakeTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(i) for i in ids)
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         if messages[-1]["role"] == "assistant" and messages[-1]["content"] == "refuse":
             raise RuntimeError("Conversation roles must alternate")
         return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>")

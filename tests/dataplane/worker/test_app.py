@@ -15,6 +15,8 @@ from dataplane.worker.config import WorkerConfig
 from .fakes import FakeEngine
 
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
 
 def make(token: str = "", **engine_kw) -> tuple[FakeEngine, WorkerState, httpx.AsyncClient]:
@@ -123,7 +125,16 @@ async def test_echo_prepends_the_prompt():
     (orjson.dumps({**CHAT, "messages": [{"role": "user", "content": "x" * 70}], "max_tokens": None}), "messages",
      "context_length_exceeded"),
     (orjson.dumps({**CHAT, "top_logprobs": 2}), "top_logprobs", "invalid_value"),
-    (orjson.dumps({**CHAT, "tools": [{"type": "function"}]}), "tools", "unsupported_parameter"),
+    (orjson.dumps({**CHAT, "tools": [{"type": "function"}]}), "tools[0]", "invalid_value"),
+    (orjson.dumps({**CHAT, "tools": [{"type": "function", "function": {"name": "a b"}}], "tool_choice": "required"}),
+     "tools[0].function.name", "invalid_value"),
+    (orjson.dumps({**CHAT, "tools": [TOOL]}), "tool_choice", "unsupported_parameter"),  # 'auto': no parser here
+    (orjson.dumps({**CHAT, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+     "tool_choice", "invalid_value"),
+    (orjson.dumps({**CHAT, "tool_choice": "required"}), "tool_choice", "invalid_value"),
+    (orjson.dumps({**CHAT, "tools": [TOOL, TOOL], "tool_choice": "required"}), "tools", "invalid_value"),
+    (orjson.dumps({**CHAT, "tools": [TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}}),
+     "response_format", "invalid_value"),
     (orjson.dumps({**CHAT, "logit_bias": {"1": 5}}), "logit_bias", "unsupported_parameter"),
     (orjson.dumps({**CHAT, "response_format": {"type": "yaml"}}), "response_format.type", "invalid_value"),
     (orjson.dumps({**CHAT, "response_format": {"type": "json_schema"}}), "response_format.json_schema",

@@ -128,6 +128,51 @@ def test_bad_structured_outputs_are_400s(client, kwargs, param):
     assert err.value.code == "invalid_value" and err.value.body["param"] == param
 
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                           "parameters": {"type": "object", "properties": {
+                                               "city": {"type": "string", "maxLength": 30},
+                                               "unit": {"enum": ["celsius", "fahrenheit"]}},
+                                               "required": ["city", "unit"]}}}
+CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"timezone": {"type": "string", "maxLength": 30}}, "required": ["timezone"]}}}
+
+
+def test_tool_calls_through_the_openai_client(client):
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    named = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0,
+                                           tools=[WEATHER, CLOCK],
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    msg = named.choices[0].message
+    assert msg.content is None and len(msg.tool_calls) == 1 and msg.tool_calls[0].function.name == "get_weather"
+    args = json.loads(msg.tool_calls[0].function.arguments)
+    assert set(args) == {"city", "unit"} and args["unit"] in ("celsius", "fahrenheit")
+
+    required = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=80, temperature=0,
+                                              tools=[WEATHER, CLOCK], tool_choice="required", parallel_tool_calls=False)
+    assert required.choices[0].finish_reason == "tool_calls"
+    (only,) = required.choices[0].message.tool_calls
+    assert only.function.name in ("get_weather", "get_time") and isinstance(json.loads(only.function.arguments), dict)
+
+    # Streamed: the id and name first, then argument pieces that join into the whole response's arguments.
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0,
+                                                 tools=[WEATHER], stream=True,
+                                                 tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+    deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    assert deltas[0].id and deltas[0].function.name == "get_weather"
+    assert "".join(d.function.arguments or "" for d in deltas) == msg.tool_calls[0].function.arguments
+
+    # The next turn: the assistant's call and the tool's answer go back in as OpenAI shapes them.
+    follow = client.chat.completions.create(model=MODEL, max_tokens=12, temperature=0, tools=[WEATHER],
+                                            tool_choice="none", messages=[
+        *messages, {"role": "assistant", "content": None, "tool_calls": [msg.tool_calls[0].model_dump()]},
+        {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": '{"temperature": 18}'}])
+    assert follow.choices[0].message.content and not follow.choices[0].message.tool_calls
+
+    with pytest.raises(openai.BadRequestError) as auto:
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, tools=[WEATHER])
+    assert auto.value.code == "unsupported_parameter" and auto.value.body["param"] == "tool_choice"
+
+
 def test_prefix_cache_is_shared_within_a_salt_only(worker, client):
     prompt = "A tenant's long shared system prompt about gardening, composting and soil. " * 6
     def cached(salt: str) -> int:
