@@ -104,7 +104,6 @@ class Choice:
     finish_reason: str | None = None
     error: str | None = None
     sent_role: bool = False  # chat streaming: the first chunk carries the role
-    call_id: str | None = None  # chat streaming of a named tool call: the call's id
 
 
 class Renderer:
@@ -166,9 +165,7 @@ class Renderer:
             delta.update(role="assistant", content=None)
             c.sent_role = True
             if tools.kind == "named":
-                first = call(tools.tools[0].name, "")
-                c.call_id = first["id"]
-                delta["tool_calls"] = [{"index": 0, **first}]
+                delta["tool_calls"] = [{"index": 0, **call(tools.tools[0].name, "")}]
         if tools.kind == "named":
             if text and "tool_calls" in delta:
                 delta["tool_calls"][0]["function"]["arguments"] = text
