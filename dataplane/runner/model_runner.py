@@ -186,6 +186,10 @@ class ModelRunner:
             except ValueError as exc:
                 failed[sampled[i]] = str(exc)
                 continue
+            except Exception as exc:  # noqa: BLE001 - a grammar's failure is its request's, not the batch's
+                log.exception("grammar mask failed", extra={"request_id": sampled[i]})
+                failed[sampled[i]] = f"{st.params.structured.source}: grammar error: {exc}"
+                continue
             masked.append(i)
         self.grammar_fill_seconds += time.perf_counter() - start
         return bitmask, masked, failed

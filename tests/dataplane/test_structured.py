@@ -193,3 +193,25 @@ def test_a_structured_request_survives_preemption(smollm_fp32):
     assert small.core.stats().num_preemptions > 0
     assert outs[0].token_ids == want.token_ids  # the matcher was rebuilt from the replayed outputs
     _check_person(outs[0].text)
+
+
+def test_a_failing_grammar_fails_its_request_alone(llm, monkeypatch):
+    from dataplane.structured.backend import GrammarBackend
+
+    real = GrammarBackend.matcher
+
+    def broken(self, spec, outputs):
+        if spec.kind == "regex":
+            raise RuntimeError("matcher exploded")
+        return real(self, spec, outputs)
+
+    monkeypatch.setattr(GrammarBackend, "matcher", broken)
+    greedy = SamplingParams(max_tokens=6, temperature=0.0)
+    outs = llm.generate(["The capital of France is", "Pick a digit:", "Say yes or no:"],
+                        [greedy, SamplingParams(max_tokens=6, temperature=0.0,
+                                                structured=StructuredOutputs(regex="[0-9]")),
+                         SamplingParams(max_tokens=6, temperature=0.0, structured=StructuredOutputs(choice=["yes", "no"]))])
+    assert outs[1].finish_reason == "error" and "matcher exploded" in outs[1].outputs[0].error
+    assert outs[0].finish_reason in ("stop", "length") and outs[0].token_ids
+    assert outs[2].text in ("yes", "no")
+    assert _idle(llm)  # the failed request's blocks are back
