@@ -12,6 +12,9 @@ import json
 from dataclasses import dataclass, field
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
+# A constraint's text (schema, regex, grammar, choices) at most this long: compiling is superlinear in
+# it and runs on the worker's threads, so one request must not buy seconds of them.
+MAX_SPEC_CHARS = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,9 @@ class StructuredOutputs:
             raise ValueError(f"{src}: grammar must be a non-empty string")
         if self.choice is not None and (not self.choice or any(not isinstance(c, str) or not c for c in self.choice)):
             raise ValueError(f"{src}: choice must be a non-empty list of non-empty strings")
+        size = len(self.key[1])
+        if size > MAX_SPEC_CHARS:
+            raise ValueError(f"{src}: the {self.kind} is {size} characters; at most {MAX_SPEC_CHARS} are accepted")
 
     @property
     def kind(self) -> str:

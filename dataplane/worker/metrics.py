@@ -128,6 +128,10 @@ class WorkerMetrics:
                                ["model_name", "priority", "finished_reason"], registry=r)
         self.rejected = Counter(P + "request_rejected", "Requests refused before reaching the engine",
                                 ["model_name", "reason"], registry=r)
+        # Structured outputs by constraint: json, json_object, regex, choice, grammar; tool calls count
+        # as json (their grammar is a schema).
+        self.structured = Counter(P + "structured_output_requests", "Requests whose output a grammar constrains",
+                                  ["model_name", "kind"], registry=r)
         r.register(EngineCollector(model_name, stats))
         self._children: dict[str, tuple] = {}
 

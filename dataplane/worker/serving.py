@@ -94,6 +94,8 @@ class Serving:
         """The response: JSON, or an EventStream whose `on_close` the caller sets (to release its ticket)."""
         prio = _priority(ctx.priority, job.priority)
         self._admit(prio)
+        if job.params.structured is not None:
+            self.metrics.structured.labels(self.config.model_id, job.params.structured.kind).inc()
         trace = self.metrics.trace(prio, ctx.started)
         prefix = "chatcmpl-" if job.chat else "cmpl-"
         r = Renderer(chat=job.chat, response_id=prefix + ctx.request_id, created=int(time.time()),

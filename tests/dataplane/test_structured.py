@@ -38,6 +38,14 @@ def test_bad_specs_are_value_errors_naming_their_source(kwargs, message):
         StructuredOutputs(**kwargs, source="response_format")
 
 
+def test_an_oversized_constraint_is_refused_before_compiling():
+    from dataplane.structured.params import MAX_SPEC_CHARS
+
+    with pytest.raises(ValueError, match=f"^guided_regex: the regex is {MAX_SPEC_CHARS + 1} characters"):
+        StructuredOutputs(regex="a" * (MAX_SPEC_CHARS + 1), source="guided_regex")
+    StructuredOutputs(regex="a" * MAX_SPEC_CHARS)  # at the limit: accepted
+
+
 def test_a_schema_keeps_its_property_order_and_keys_compare_by_content():
     a = StructuredOutputs(json={"type": "object", "properties": {"z": {}, "a": {}}})
     assert list(json.loads(a.json)["properties"]) == ["z", "a"]  # order is what the output follows

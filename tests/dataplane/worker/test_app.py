@@ -296,3 +296,8 @@ async def test_structured_output_fields_reach_the_engine(path, extra, want):
     assert r.status_code == 200, r.text
     spec = engine.calls[0].params.structured
     assert (spec is None if want is None else (*spec.key, spec.source) == want)
+    metrics = (await client.get("/metrics")).text
+    kind = want[0] if want else ""
+    counted = f'tessera:structured_output_requests_total{{kind="{kind}",model_name="fake"}} 1.0'
+    assert (counted in metrics) == (want is not None)
+    assert ("structured_output_requests_total{" in metrics) == (want is not None)
