@@ -98,6 +98,8 @@ PANELS: list[tuple[str, list[tuple[str, str]], str]] = [
     ("Error-budget burn rate by tier (1 h)", [('tessera_slo_burn_rate{window="1h"}', "{{tier}} {{sli}}")], "short"),
     ("Error budget remaining (30 d)", [("tessera_slo_error_budget_remaining", "{{tier}} {{sli}}")], "percentunit"),
     ("Workers up", [("tessera_gateway_worker_up", "{{worker}}")], "short"),
+    ("Structured-output requests by kind", [("sum by (kind) (rate(tessera:structured_output_requests_total[5m]))",
+                                             "{{kind}}")], "reqps"),
 ]
 
 
