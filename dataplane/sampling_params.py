@@ -26,6 +26,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured: StructuredOutputs | None = None  # constrain the output (JSON schema, regex, ...)
+    logit_bias: dict[int, float] | None = None  # OpenAI's: token id -> added to its logit, in [-100, 100]
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -55,6 +56,16 @@ class SamplingParams:
             raise ValueError(f"logprobs: must be between 0 and 20, got {self.logprobs}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed: must be an integer, got {self.seed!r}")
+        if self.logit_bias:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError("logit_bias: must map token ids to biases")
+            for tok, bias in self.logit_bias.items():
+                if not isinstance(tok, int) or isinstance(tok, bool) or tok < 0:
+                    raise ValueError(f"logit_bias: {tok!r} is not a token id")
+                if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
+                    raise ValueError(f"logit_bias: the bias of token {tok} must be a number in [-100, 100], got {bias!r}")
+        else:
+            self.logit_bias = None
         if self.structured is not None:
             if not isinstance(self.structured, StructuredOutputs):
                 raise ValueError("structured: expected StructuredOutputs")

@@ -103,6 +103,9 @@ class EngineCore:
         adapter = self._adapter_key(adapter)
         if params.structured is not None:
             self.structured.compile(params.structured)  # a bad schema is a ValueError now, not mid-step
+        vocab = self.model.args.vocab_size
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise ValueError(f"logit_bias: token id {max(params.logit_bias)} is outside the vocabulary [0, {vocab})")
         rid = request_id or f"req-{next(self._ids)}"
         children: list[Request] = []
         for i in range(params.n):

@@ -53,11 +53,18 @@ class Sampler:
                  constrain: Callable[[torch.Tensor], None] | None = None,
                  ) -> tuple[list[int], list[TokenLogprobs | None]]:
         """`constrain` masks disallowed tokens of some rows to -inf in place (structured outputs).
-        Logprobs are the model's own, taken before it and before penalties (as vLLM's default)."""
+        Logprobs are the model's own, taken before logit_bias, the mask and penalties (as vLLM's
+        default)."""
         logits = logits.float()
         num_rows, vocab = logits.shape
         want_logprobs = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         raw_logprobs = torch.log_softmax(logits[want_logprobs], dim=-1) if want_logprobs else None
+        biased = [i for i, r in enumerate(rows) if r.params.logit_bias]
+        if biased:
+            logits = logits.clone()  # the model's output is an inference tensor: no in-place updates
+        for i in biased:
+            bias = rows[i].params.logit_bias
+            logits[i, list(bias)] += torch.tensor(list(bias.values()), dtype=logits.dtype)
         if constrain is not None:
             constrain(logits)
 

@@ -77,10 +77,6 @@ class GenerationRequest(_Body):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
-    def check_common(self) -> None:
-        if self.logit_bias:
-            raise invalid("logit_bias is not supported by this worker.", "logit_bias", "unsupported_parameter")
-
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """Engine parameters; a bad value raises ValueError naming the field (mapped to a 400)."""
         given = {
@@ -90,10 +86,22 @@ class GenerationRequest(_Body):
             "ignore_eos": self.ignore_eos, "stop_token_ids": self.stop_token_ids,
             "skip_special_tokens": self.skip_special_tokens,
             "include_stop_str_in_output": self.include_stop_str_in_output,
+            "logit_bias": self._logit_bias(),
         }
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, stop=stop, structured=self.structured(),
                               **{k: v for k, v in given.items() if v is not None})
+
+    def _logit_bias(self) -> dict[int, float] | None:
+        """OpenAI sends token ids as JSON object keys (strings)."""
+        if not self.logit_bias:
+            return None
+        out = {}
+        for key, bias in self.logit_bias.items():
+            if not key.isdigit():
+                raise invalid(f"logit_bias: {key!r} is not a token id", "logit_bias")
+            out[int(key)] = bias
+        return out
 
     def structured(self) -> StructuredOutputs | None:
         """The output constraint, from whichever one field carries it (a 400 if several do)."""
@@ -155,7 +163,6 @@ class ChatCompletionRequest(GenerationRequest):
 
     def conversation(self) -> list[dict[str, Any]]:
         """Messages as the chat template takes them; content parts must be text."""
-        self.check_common()
         if not self.messages:
             raise invalid("messages: must contain at least one message", "messages")
         out = []
@@ -186,7 +193,6 @@ class CompletionRequest(GenerationRequest):
 
     def prompts(self) -> list[str | list[int]]:
         """The batch this request asks for: strings or token-id lists, one per prompt."""
-        self.check_common()
         if self.suffix:
             raise invalid("suffix is not supported by this worker.", "suffix", "unsupported_parameter")
         if self.best_of is not None and self.best_of != (self.n or 1):

@@ -83,6 +83,20 @@ def test_seeded_request_is_reproducible_whatever_its_batch_mates(llm):
     assert outs[2].token_ids == alone.token_ids
 
 
+def test_logit_bias_forces_bans_and_is_checked_against_the_vocabulary(llm):
+    prompt = "The capital of France is"
+    (free,) = llm.generate([prompt], SamplingParams(max_tokens=3, temperature=0.0))
+    first = free.token_ids[0]
+    (banned,) = llm.generate([prompt], SamplingParams(max_tokens=3, temperature=0.0, logit_bias={first: -100}))
+    assert banned.token_ids[0] != first
+    comma = llm.tokenizer.encode(",")[-1]
+    (forced,) = llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.7, seed=1, logit_bias={comma: 100}))
+    assert forced.token_ids == [comma] * 4
+    with pytest.raises(ValueError, match="^logit_bias: token id 999999 is outside the vocabulary"):
+        llm.generate([prompt], SamplingParams(max_tokens=2, logit_bias={999999: 1}))
+    assert _idle(llm)
+
+
 def test_seeded_request_survives_preemption(smollm_fp32):
     p = SamplingParams(max_tokens=60, temperature=1.0, seed=5, ignore_eos=True)
     big = LLM(MODEL, dtype="float32", preloaded=smollm_fp32)

@@ -84,6 +84,23 @@ def test_logprobs_are_raw_model_logprobs_with_alternatives():
     assert [t for t, _ in lps[0].top] == want.topk(3).indices.tolist()
 
 
+def test_logit_bias_moves_the_choice_and_leaves_logprobs_raw():
+    logits = torch.tensor([[3.0, 1.0, 0.0, -2.0], [3.0, 1.0, 0.0, -2.0]])
+    banned = row(temperature=0.0, logit_bias={0: -100}, logprobs=0)
+    forced = row(temperature=1.0, seed=3, logit_bias={3: 100})
+    tokens, lps = Sampler()(logits.clone(), [banned, forced])
+    assert tokens == [1, 3]
+    assert lps[0].logprob == pytest.approx(torch.log_softmax(logits[0], -1)[1].item(), abs=1e-6)
+    assert Sampler()(logits[:1].clone(), [row(temperature=0.0, logit_bias={2: 3.5})])[0] == [2]  # 0 + 3.5 > 3
+
+
+@pytest.mark.parametrize("bias,message", [({1: 101}, "in \\[-100, 100\\]"), ({-1: 1}, "not a token id"),
+                                          ({"5": 1}, "not a token id"), ({1: True}, "must be a number")])
+def test_bad_logit_bias_names_the_field(bias, message):
+    with pytest.raises(ValueError, match=f"^logit_bias: .*{message}"):
+        SamplingParams(logit_bias=bias)
+
+
 @pytest.mark.parametrize("field,value", [("max_tokens", 0), ("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5),
                                          ("n", 0), ("min_p", 2.0), ("logprobs", 21), ("stop", [""])])
 def test_bad_sampling_values_name_the_field(field, value):

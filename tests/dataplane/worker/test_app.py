@@ -135,7 +135,8 @@ async def test_echo_prepends_the_prompt():
     (orjson.dumps({**CHAT, "tools": [TOOL, TOOL], "tool_choice": "required"}), "tools", "invalid_value"),
     (orjson.dumps({**CHAT, "tools": [TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}}),
      "response_format", "invalid_value"),
-    (orjson.dumps({**CHAT, "logit_bias": {"1": 5}}), "logit_bias", "unsupported_parameter"),
+    (orjson.dumps({**CHAT, "logit_bias": {"one": 5}}), "logit_bias", "invalid_value"),
+    (orjson.dumps({**CHAT, "logit_bias": {"1": 500}}), "logit_bias", "invalid_value"),
     (orjson.dumps({**CHAT, "response_format": {"type": "yaml"}}), "response_format.type", "invalid_value"),
     (orjson.dumps({**CHAT, "response_format": {"type": "json_schema"}}), "response_format.json_schema",
      "invalid_value"),
@@ -301,3 +302,11 @@ async def test_structured_output_fields_reach_the_engine(path, extra, want):
     counted = f'tessera:structured_output_requests_total{{kind="{kind}",model_name="fake"}} 1.0'
     assert (counted in metrics) == (want is not None)
     assert ("structured_output_requests_total{" in metrics) == (want is not None)
+
+
+async def test_logit_bias_reaches_the_engine_as_token_ids():
+    engine, _, client = make()
+    r = await client.post("/v1/completions", json={"model": "fake", "prompt": "hi", "max_tokens": 2,
+                                                   "logit_bias": {"7": -100, "42": 3}})
+    assert r.status_code == 200, r.text
+    assert engine.calls[0].params.logit_bias == {7: -100, 42: 3}

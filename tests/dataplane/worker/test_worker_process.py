@@ -173,6 +173,19 @@ def test_tool_calls_through_the_openai_client(client):
     assert auto.value.code == "unsupported_parameter" and auto.value.body["param"] == "tool_choice"
 
 
+def test_logit_bias_through_the_openai_client(client):
+    from dataplane.models.registry import resolve_model_path
+    from dataplane.models.tokenizer import Tokenizer
+
+    comma = Tokenizer.from_gguf(resolve_model_path(MODEL), (2,)).encode(",")[-1]
+    done = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=3, temperature=0,
+                                     logit_bias={str(comma): 100})
+    assert done.choices[0].text == ",,,"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=1, logit_bias={"10000000": 1})
+    assert err.value.body["param"] == "logit_bias"
+
+
 def test_prefix_cache_is_shared_within_a_salt_only(worker, client):
     prompt = "A tenant's long shared system prompt about gardening, composting and soil. " * 6
     def cached(salt: str) -> int:
