@@ -98,7 +98,7 @@ class GenerationRequest(_Body):
             return None
         out = {}
         for key, bias in self.logit_bias.items():
-            if not key.isdigit():
+            if not (key.isascii() and key.isdigit()):
                 raise invalid(f"logit_bias: {key!r} is not a token id", "logit_bias")
             out[int(key)] = bias
         return out
