@@ -11,6 +11,7 @@ older guided_json, guided_regex, guided_choice, guided_grammar. OpenAI's `respon
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -135,12 +136,13 @@ class ChatCompletionRequest(GenerationRequest):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
 
+    @cached_property
     def tool_mode(self) -> ToolMode | None:
-        """What tools / tool_choice ask for (tools.py); None: a text answer."""
+        """What tools / tool_choice ask for (tools.py); None: a text answer. Parsed once per request."""
         return parse_tools(self.tools, self.tool_choice, self.parallel_tool_calls)
 
     def structured(self) -> StructuredOutputs | None:
-        mode = self.tool_mode()
+        mode = self.tool_mode
         spec = super().structured()
         if mode is None:
             return spec

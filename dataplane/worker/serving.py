@@ -46,7 +46,7 @@ class Serving:
         req = _parse(ChatCompletionRequest, raw)
         adapter = resolve_model(req.model, self.config.model_id, self.engine)
         conversation = req.conversation()
-        tool_mode = req.tool_mode()
+        tool_mode = req.tool_mode
         try:
             ids = self.engine.tokenizer.apply_chat_template(conversation, tools=req.tools)
         except ValueError as exc:
