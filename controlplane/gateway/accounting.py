@@ -4,6 +4,11 @@
 byte of a response nor a client disconnect waits on Redis or the database. The usage sink
 (billing's `usage_record_ingest`) is idempotent on the request id; usage_writer.py batches the
 writes on one thread and retries failures, which can never bill twice.
+
+Token counts are the worker's: its usage object when the request completed, otherwise (the client
+left, the stream broke) what the worker answers when asked for the request's final counts, and
+only when the worker cannot be asked, its cumulative counts at the last event relayed. A request
+for which none of these exists stays in the usage journal (journal.py) for the sweeper.
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ import datetime as dt
 import importlib
 import logging
 import time
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
 from django.conf import settings
@@ -26,7 +32,8 @@ from tenants.auth import KeyPrincipal
 from tenants.limits import LimitPlan, Settlement, get_limiter
 from tenants.limits.base import to_nano
 
-from . import usage_queue, usage_writer
+from . import journal, usage_queue, usage_writer
+from .worker_usage import WorkerCounts
 from .workers import ModelTarget
 
 log = logging.getLogger("tessera.gateway")
@@ -90,6 +97,21 @@ async def price_nano(*, target: ModelTarget, tier: str, prompt_tokens: int, comp
     return to_nano((prompt_rate * prompt_tokens + completion_rate * completion_tokens) / MTOK)
 
 
+async def reservation_spend_nano(*, target: ModelTarget, tier: str, prompt_estimate: int, allowance: int, at) -> int:
+    """The most a request may cost when the worker serves at most `allowance` tokens in all.
+
+    The worker clamps completions to the allowance minus the real prompt, so the split between prompt
+    and completion tokens is not known here. With the estimate's split priced, a prompt larger than
+    estimated can only shift tokens from completion to prompt; that costs more only where prompt
+    tokens are dearer than completion tokens, so the bound is the larger of the two prices.
+    """
+    estimate = min(prompt_estimate, allowance)
+    split = await price_nano(target=target, tier=tier, prompt_tokens=estimate,
+                             completion_tokens=allowance - estimate, at=at)
+    all_prompt = await price_nano(target=target, tier=tier, prompt_tokens=allowance, completion_tokens=0, at=at)
+    return max(split, all_prompt)
+
+
 def _spend_so_far(tenant_id: int, start: dt.datetime, end: dt.datetime) -> Decimal:
     from tenants.models import Tenant
 
@@ -116,6 +138,7 @@ class Meter:
     started: float  # perf_counter at arrival
     finished: bool = field(default=False)
     logs_content: bool = field(default=False)  # this request was sampled for content logs (operator opt-in)
+    journaled: bool = field(default=False)  # a usage-journal row exists (the sweeper can finish the job)
 
     def finish(
         self,
@@ -127,7 +150,12 @@ class Meter:
         ttft_ms: float | None = None,
         http_status: int | None = None,
         itl_ms: float | None = None,
+        resolve: Callable[[], Awaitable[WorkerCounts | None]] | None = None,
     ) -> None:
+        """Account for the request once. Without `resolve` the counts given are final; with it, they
+        are the fallback and `resolve()` (asking the worker) supplies the real ones off the response
+        path. When neither gives counts (`resolve` answers None and no token was counted), the request
+        is left to the sweeper: no settlement, no usage, its journal row kept."""
         if self.finished:
             return
         self.finished = True
@@ -156,9 +184,18 @@ class Meter:
             latency_s=latency_ms / 1000, ttft_ms=ttft_ms, itl_ms=itl_ms,
             ttft_target_ms=limits.slo_ttft_p95_ms, itl_target_ms=limits.slo_itl_p95_ms,
         )
-        spawn(self._account(event))
+        spawn(self._account(event, resolve))
 
-    async def _account(self, event: UsageEvent) -> None:
+    async def _account(self, event: UsageEvent, resolve=None) -> None:
+        if resolve is not None:
+            counts = await resolve()
+            if counts is not None:
+                event = replace(event, prompt_tokens=counts.prompt_tokens, cached_tokens=counts.cached_tokens,
+                                completion_tokens=counts.completion_tokens)
+            elif event.prompt_tokens == event.completion_tokens == 0 and self.journaled:
+                log.warning("no counts for this request yet; left to the usage sweeper",
+                            extra={"request_id": self.request_id})
+                return
         actual_tokens = event.prompt_tokens + event.completion_tokens
         actual_spend = 0
         if self.plan.spend_nano:
@@ -206,6 +243,7 @@ async def record_usage(event: UsageEvent) -> None:
     if asyncio.iscoroutinefunction(sink):
         try:
             await sink(event=event)
+            await journal.forget_async([event.request_id])
         except Exception:
             log.exception("usage event NOT recorded", extra={"request_id": event.request_id, "event": repr(event)})
         return

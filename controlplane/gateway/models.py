@@ -1,0 +1,35 @@
+"""The usage journal: one row per admitted request whose usage is not yet in the ledger.
+
+Written (durably) after a worker accepted the request and before the first byte goes to the client;
+deleted in the same transaction that writes the request's ledger row. A row that outlives its
+request means the gateway died (OOM, kill -9, a rollout past the grace period) before it could
+account for it: the sweeper (sweeper.py) then asks the worker for the request's final counts,
+writes the usage and settles the limiter. Plain ids, not foreign keys: the hot path inserts one
+narrow row and nothing joins it.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class InflightRequest(models.Model):
+    request_id = models.CharField(max_length=64, primary_key=True)  # the gateway's id: the ledger's key
+    tenant_id = models.BigIntegerField()
+    api_key_id = models.BigIntegerField(null=True)
+    model = models.CharField(max_length=200)  # base model
+    adapter = models.CharField(max_length=200, blank=True, default="")
+    tier = models.CharField(max_length=64, blank=True, default="")
+    prompt_estimate = models.PositiveIntegerField()  # the gateway's estimate, billed only as a last resort
+    reserved_tokens = models.PositiveBigIntegerField()  # what the limiter reserved (the worker's allowance)
+    reserved_spend_nano = models.BigIntegerField(default=0)
+    period_start = models.DateField()  # the month the reservation was charged to
+    worker_url = models.CharField(max_length=500)  # where to ask for the final counts
+    created_at = models.DateTimeField()  # when the request arrived (prices in force then apply)
+    admitted_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["admitted_at"], name="gateway_inflight_admitted")]
+
+    def __str__(self) -> str:
+        return self.request_id

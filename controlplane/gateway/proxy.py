@@ -2,6 +2,12 @@
 
 Every response carries `x-request-id` (gateway-assigned: a client cannot pick the id billing
 deduplicates on). Once a reservation is made, exactly one `Meter.finish` follows on every path.
+
+The reservation bounds what the worker may serve: the worker is told the reserved tokens
+(`X-Token-Allowance`), refuses a prompt that alone exceeds them and clamps completions to the
+rest, so tokens served ≤ tokens reserved ≤ budget under any concurrency. Once a worker has accepted
+the request, and before the first byte goes to the client, the request is written to the usage
+journal (journal.py), so a gateway that dies mid-request leaves a row for the sweeper.
 """
 
 from __future__ import annotations
@@ -24,10 +30,11 @@ from tenants import auth
 from tenants.auth import KeyPrincipal
 from tenants.limits import LimitPlan, get_limiter, period_start
 
-from . import accounting, admission, parsing, upstream
+from . import accounting, admission, journal, parsing, upstream, worker_usage
 from .accounting import Meter
 from .responses import error_response, ratelimit_headers, refusal
 from .sse import StreamMeter, usage_counts
+from .worker_usage import WorkerCounts
 from .workers import ModelTarget, Worker, get_registry, visible_to
 
 log = logging.getLogger("tessera.gateway")
@@ -35,6 +42,7 @@ log = logging.getLogger("tessera.gateway")
 MAX_ATTEMPTS = 3  # workers tried when a connection fails before the first byte
 RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.PoolTimeout)
 PASS_HEADERS = ("content-type",)
+USAGE_QUERY_WAIT = 2.0  # seconds the worker may take to finish aborting before it answers with final counts
 
 
 def new_request_id() -> str:
@@ -72,9 +80,9 @@ async def reserve(principal: KeyPrincipal, parsed: parsing.ParsedRequest, target
     spend = 0
     if principal.limits.monthly_spend_budget is not None:
         try:
-            spend = await accounting.price_nano(
-                target=target, tier=principal.limits.tier, prompt_tokens=parsed.prompt_estimate,
-                completion_tokens=parsed.max_completion * parsed.n, at=dt.datetime.now(dt.UTC),
+            spend = await accounting.reservation_spend_nano(
+                target=target, tier=principal.limits.tier, prompt_estimate=parsed.prompt_estimate,
+                allowance=parsed.reserve_tokens, at=dt.datetime.now(dt.UTC),
             )
         except ImportError as exc:
             log.error("cannot enforce a spend budget: %s", exc, extra={"request_id": request_id})
@@ -101,7 +109,7 @@ async def reserve(principal: KeyPrincipal, parsed: parsing.ParsedRequest, target
 
 
 async def open_upstream(
-    request: HttpRequest, parsed: parsing.ParsedRequest, principal: KeyPrincipal, request_id: str
+    request: HttpRequest, parsed: parsing.ParsedRequest, principal: KeyPrincipal, request_id: str, allowance: int
 ) -> tuple[Worker, httpx.Response]:
     """Send to the best worker; on a connection failure before the first byte, try another."""
     registry = get_registry()
@@ -114,6 +122,8 @@ async def open_upstream(
         "X-Tenant-Id": principal.tenant_slug,
         "X-Priority": str(principal.limits.priority),
         "X-Cache-Salt": principal.cache_salt,
+        "X-Token-Allowance": str(allowance),  # the worker serves at most what was reserved
+        "X-Tessera-Accounting": "1",  # its cumulative counts on every stream event
         **upstream.worker_auth_headers(),
     }
     client = upstream.client()
@@ -171,7 +181,9 @@ async def handle(request: HttpRequest, kind: str) -> HttpResponse:
         extra_headers = ratelimit_headers(decision)
         meter = Meter(request_id, principal, target, plan, period, created_at, started)
         meter.logs_content = content_log.request(principal, request_id, request.body)
-        worker, response = await open_upstream(request, parsed, principal, request_id)
+        worker, response = await open_upstream(request, parsed, principal, request_id, plan.tokens)
+        if response.status_code == 200:
+            await _journal(meter, parsed, worker, response)
     except ApplicationError as exc:
         if meter is not None:
             meter.finish(status="error", http_status=exc.status)
@@ -193,6 +205,43 @@ async def handle(request: HttpRequest, kind: str) -> HttpResponse:
     return await _buffered(response, worker, parsed, meter, request_id, extra_headers)
 
 
+async def _journal(meter: Meter, parsed: parsing.ParsedRequest, worker: Worker, response: httpx.Response) -> None:
+    """Write the request to the usage journal before the client sees a byte; refuse it if that fails."""
+    admission_row = journal.Admission(
+        request_id=meter.request_id, tenant_id=meter.principal.tenant_id, api_key_id=meter.principal.key_id,
+        model=meter.target.base, adapter=meter.target.adapter, tier=meter.principal.limits.tier,
+        prompt_estimate=parsed.prompt_estimate, reserved_tokens=meter.plan.tokens,
+        reserved_spend_nano=meter.plan.spend_nano, period_start=meter.period, worker_url=worker.url,
+        created_at=meter.created_at,
+    )
+    try:
+        await journal.admit(admission_row)
+    except BaseException as exc:
+        worker.outstanding -= 1
+        await _close_quietly(response)  # drops the worker connection: the worker aborts the request
+        if not isinstance(exc, Exception):
+            raise  # cancelled: the client left while the row was written
+        log.error("usage journal unavailable; refusing the request", extra={"request_id": meter.request_id,
+                                                                            "error": repr(exc)})
+        raise ApplicationError(
+            "The platform cannot record usage right now, so it is not serving. Please retry shortly.",
+            code="usage_unavailable", status=503, type="server_error", headers={"Retry-After": "5"},
+        ) from exc
+    meter.journaled = True
+
+
+def _resolver(worker: Worker, request_id: str, fallback: WorkerCounts | None):
+    """The request's final counts from the worker, else its counts at the last event relayed."""
+
+    async def resolve() -> WorkerCounts | None:
+        answer = await worker_usage.ask(worker.url, request_id, wait=USAGE_QUERY_WAIT)
+        if answer is not None and answer.state == "finished" and answer.counts is not None:
+            return answer.counts
+        return fallback
+
+    return resolve
+
+
 def _finish_response(response: HttpResponse, upstream_response: httpx.Response, request_id: str, headers: dict) -> HttpResponse:
     for name in PASS_HEADERS:
         if name in upstream_response.headers:
@@ -207,29 +256,41 @@ async def _buffered(upstream_response, worker, parsed, meter: Meter, request_id:
     status = "error"
     http_status: int | None = upstream_response.status_code
     counts = None
+    resolve = None
     try:
         content = await upstream_response.aread()
         if upstream_response.status_code == 200:
             try:
                 counts = usage_counts(orjson.loads(content).get("usage"))
-            except (ValueError, AttributeError):
+            except (ValueError, AttributeError, TypeError):
                 counts = None
             status = "ok"
+            if counts is None:  # a 200 without a readable usage object: ask the worker
+                resolve = _resolver(worker, request_id, None)
+    except httpx.HTTPError as exc:  # the worker went away before its answer was complete: nothing served
+        log.warning("upstream failed before its answer was complete", extra={"request_id": request_id, "error": repr(exc)})
+        content, http_status = None, 502
     except BaseException:
+        # The client left (the view is cancelled): the worker aborts when its connection drops; bill
+        # what it generated until then, as it reports it.
         status, http_status = "partial", 499
+        resolve = _resolver(worker, request_id, None)
         raise
     finally:
         worker.outstanding -= 1
         await _close_quietly(upstream_response)
-        # Without a usage object (an error, or the client left before the body came): nothing delivered.
         prompt, cached, completion = counts or (0, 0, 0)
         latency = (time.perf_counter() - meter.started) * 1000
         meter.finish(
             status=status, prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion,
-            ttft_ms=latency if completion else None, http_status=http_status,
+            ttft_ms=latency if completion else None, http_status=http_status, resolve=resolve,
         )
         if counts is not None and meter.logs_content:
             content_log.completion(meter.principal, request_id, content)
+    if content is None:
+        error = ApplicationError("The upstream worker failed before its answer was complete.",
+                                 code="upstream_error", status=502, type="server_error")
+        return error_response(error, request_id, headers)
     return _finish_response(HttpResponse(content, status=upstream_response.status_code), upstream_response, request_id, headers)
 
 
@@ -246,19 +307,22 @@ def _streaming(upstream_response, worker, parsed, meter: Meter, request_id: str,
         await _close_quietly(upstream_response)
         counts = usage_counts(stream.usage)
         ok = state["completed"] and stream.done and stream.error is None
+        resolve = None
         if counts is not None and ok:
             prompt, cached, completion = counts
-        else:  # partial: bill what was actually delivered (the prompt only once a token came out)
-            delivered = stream.delivered_tokens
-            prompt = counts[0] if counts else (parsed.prompt_estimate if delivered else 0)
-            cached = counts[1] if counts else 0
-            completion = delivered
+        else:
+            # Partial (the client left, the stream broke, an in-band error): the worker's own counts,
+            # asked for once it has aborted; its counts at the last relayed event if it cannot answer.
+            last = stream.worker_counts
+            prompt, cached, completion = (last.prompt_tokens, last.cached_tokens, last.completion_tokens) if last else (0, 0, 0)
+            resolve = _resolver(worker, request_id, last)
         ttft = (stream.first_token_at - meter.started) * 1000 if stream.first_token_at else None
         status = "ok" if ok else ("error" if stream.error is not None else "partial")
         # What the client got: a stream that broke (in-band error, worker gone) is the platform's failure.
         http_status = 200 if ok else (500 if stream.error is not None or state["broken"] else 499)
         meter.finish(status="error" if state["broken"] else status, prompt_tokens=prompt, cached_tokens=cached,
-                     completion_tokens=completion, ttft_ms=ttft, http_status=http_status, itl_ms=stream.mean_itl_ms())
+                     completion_tokens=completion, ttft_ms=ttft, http_status=http_status, itl_ms=stream.mean_itl_ms(),
+                     resolve=resolve)
         if stream.text is not None:
             content_log.completion(meter.principal, request_id, "".join(stream.text))
 

@@ -1,9 +1,15 @@
 """Relaying an upstream SSE stream event by event, counting what was delivered.
 
 Events are forwarded as soon as they are complete (no buffering beyond one event). Each `data:`
-payload is parsed only to count delivered tokens (one per non-empty delta, the worker's streaming
-granularity) and to pick up the final usage chunk, which is dropped again when the gateway asked
-for it on the client's behalf.
+payload is parsed to pick up the final usage chunk (dropped again when the gateway asked for it on
+the client's behalf), to count delivered deltas (for inter-token latency, not billing) and to
+keep a little of the text when the request was sampled for content logs.
+
+Billing counts come from the worker alone: the gateway asks for them (`X-Tessera-Accounting: 1`)
+and the worker opens each event with an SSE comment line `: usage {"prompt_tokens": P,
+"cached_tokens": C, "completion_tokens": G}`, its cumulative counts as of that event (G counts
+tokens whose text a stop string still holds back). The line is stripped before the event is
+forwarded; the last one seen is what was generated up to the last event the client was sent.
 """
 
 from __future__ import annotations
@@ -13,6 +19,9 @@ from typing import Any
 
 import orjson
 
+from .worker_usage import WorkerCounts, counts_from
+
+ACCOUNTING_LINE = b": usage "
 _TERMINATORS = (b"\n\n", b"\r\n\r\n")
 
 
@@ -32,7 +41,8 @@ class StreamMeter:
         self.text: list[str] | None = [] if keep_text else None  # completion text, only when sampled for logs
         self.strip_usage = strip_usage
         self.buffer = b""
-        self.delivered_tokens = 0  # counted from deltas actually forwarded
+        self.delivered_tokens = 0  # non-empty deltas forwarded (latency figures; billing uses worker_counts)
+        self.worker_counts: WorkerCounts | None = None  # the worker's cumulative counts at the last event
         self.usage: dict[str, Any] | None = None
         self.first_token_at: float | None = None  # perf_counter
         self.last_token_at: float | None = None  # perf_counter (mean ITL = span / (tokens - 1))
@@ -48,12 +58,23 @@ class StreamMeter:
             if i < 0:
                 break
             event, self.buffer = self.buffer[: i + size], self.buffer[i + size :]
+            if event.startswith(ACCOUNTING_LINE):
+                event = self._take_accounting(event)
             if self._keep(event):
                 out.append(event)
         return b"".join(out)
 
     def flush(self) -> bytes:
         rest, self.buffer = self.buffer, b""
+        return rest
+
+    def _take_accounting(self, event: bytes) -> bytes:
+        """Read the worker's counts from the event's first line and return the event without it."""
+        line, _, rest = event.partition(b"\n")
+        try:
+            self.worker_counts = counts_from(orjson.loads(line[len(ACCOUNTING_LINE):]))
+        except (orjson.JSONDecodeError, ValueError, AttributeError):
+            pass  # a malformed frame: the usage query after the request settles it
         return rest
 
     def _keep(self, event: bytes) -> bool:
@@ -73,7 +94,7 @@ class StreamMeter:
             if obj.get("error"):
                 self.error = obj["error"]
             if obj.get("usage"):
-                self.usage = obj["usage"]
+                self.usage = obj["usage"] if isinstance(obj["usage"], dict) else None
                 if self.strip_usage and not obj.get("choices"):
                     return False
             self._count(obj.get("choices") or ())

@@ -5,7 +5,8 @@ queued up (up to BATCH events) and ingests them in one transaction, so a busy ga
 per batch instead of once per request, and never has many threads fighting over the database
 (with SQLite they would spin on its file lock). The sink (billing's `usage_record_ingest`) is
 idempotent on the request id and uses a savepoint, so a batch that fails is simply retried event
-by event, with backoff: a retry can never bill twice.
+by event, with backoff: a retry can never bill twice. The requests' usage-journal rows are
+deleted in the same transaction as their ledger rows (journal.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import time
 from collections.abc import Callable
 
 from django.db import DatabaseError, close_old_connections, transaction
+
+from . import journal
 
 log = logging.getLogger("tessera.gateway")
 
@@ -64,6 +67,7 @@ class UsageWriter:
             with transaction.atomic():
                 for event, _, _ in batch:
                     self.sink(event=event)
+                journal.forget(event.request_id for event, _, _ in batch)
             return
         except Exception:
             log.warning("usage batch failed; writing its %d events one by one", len(batch), exc_info=True)
@@ -74,7 +78,9 @@ class UsageWriter:
         delay = BACKOFF
         for attempt in range(1, ATTEMPTS + 1):
             try:
-                self.sink(event=event)
+                with transaction.atomic():
+                    self.sink(event=event)
+                    journal.forget([event.request_id])
                 return
             except DatabaseError:  # transient: retrying the idempotent sink is safe
                 close_old_connections()

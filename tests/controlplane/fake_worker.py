@@ -3,7 +3,9 @@
 
 It serves /health, /ready, /v1/models, /v1/chat/completions and /v1/completions (JSON and SSE),
 records what it received (headers included), notices client disconnects, and can be told to be
-not ready, slow per token, or to answer with an error status.
+not ready, slow per token, or to answer with an error status. Like the real worker it honours
+`X-Token-Allowance` (clamps max_tokens), opens each stream event with its cumulative counts when
+asked (`X-Tessera-Accounting: 1`) and answers /tessera/v1/requests/{id}/usage.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class FakeWorker:
     port: int = 0
     record: bool = True
     hold: threading.Event | None = None  # completions wait until the test sets it
+    usage: dict[str, dict] = field(default_factory=dict)  # request id -> {"state", counts}: the usage route
+    forget_usage: bool = False  # answer the usage route with 404 (a worker that restarted)
 
     def release(self) -> None:
         if self.hold is not None:
@@ -51,6 +55,8 @@ class FakeWorker:
 
     def reset(self) -> None:
         self.ready, self.token_delay, self.fail_status = True, 0.0, None
+        self.usage.clear()
+        self.forget_usage = False
         self.release()
         self.hold = None
         self.received.clear()
@@ -77,6 +83,13 @@ class FakeWorker:
             return await _json(send, 200 if self.ready else 503, {"ready": self.ready})
         if method == "GET" and path == "/v1/models":
             return await _json(send, 200, {"object": "list", "data": self.models})
+        if method == "GET" and path.startswith("/tessera/v1/requests/") and path.endswith("/usage"):
+            rid = path[len("/tessera/v1/requests/"):-len("/usage")]
+            entry = None if self.forget_usage else self.usage.get(rid)
+            if entry is None:
+                return await _json(send, 404, {"error": {"message": "unknown", "type": "invalid_request_error",
+                                                         "param": None, "code": "request_not_found"}})
+            return await _json(send, 200, {"request_id": rid, **entry})
         if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
             raw = b""
             while True:
@@ -95,11 +108,22 @@ class FakeWorker:
             chat = path.endswith("chat/completions")
             rid = headers.get("x-request-id", "none")
             n_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
+            if "x-token-allowance" in headers:
+                room = int(headers["x-token-allowance"]) - PROMPT_TOKENS
+                if room < 1:
+                    return await _json(send, 400, {"error": {"message": "prompt over the allowance", "type": "invalid_request_error",
+                                                             "param": "messages" if path.endswith("chat/completions") else "prompt",
+                                                             "code": "token_allowance_exceeded"}})
+                n_tokens = min(n_tokens, room)
+            self.usage[rid] = {"state": "running", "status": "running", **_counts(0)}
             if body.get("stream"):
+                return await self._stream(send, receive, body, chat, rid, n_tokens,
+                                          headers.get("x-tessera-accounting") == "1")
                 return await self._stream(send, receive, body, chat, rid, n_tokens)
             if self.token_delay:  # generate "slowly", noticing a client that goes away meanwhile
                 if await _disconnects_within(receive, self.token_delay * n_tokens):
                     self.disconnected.append(rid)
+                    self.usage[rid] = {"state": "finished", "status": "cancelled", **_counts(n_tokens // 2)}
                     return
             text = "".join(f"t{i} " for i in range(n_tokens))
             choice = {"index": 0, "finish_reason": "length", "logprobs": None}
@@ -109,10 +133,11 @@ class FakeWorker:
                 "created": int(time.time()), "model": body["model"], "choices": [choice], "usage": _usage(n_tokens),
             }
             self.finished.append(rid)
+            self.usage[rid] = {"state": "finished", "status": "ok", **_counts(n_tokens)}
             return await _json(send, 200, payload, {"x-request-id": rid})
         return await _json(send, 404, {"error": {"message": "not found", "type": "invalid_request_error", "param": None, "code": None}})
 
-    async def _stream(self, send, receive, body, chat, rid, n_tokens):
+    async def _stream(self, send, receive, body, chat, rid, n_tokens, accounting=False):
         gone = asyncio.Event()
 
         async def listen():
@@ -137,21 +162,27 @@ class FakeWorker:
                         pass
                 if gone.is_set():
                     self.disconnected.append(rid)
+                    # Like the real worker: the token it was generating when the client left counts too.
+                    self.usage[rid] = {"state": "finished", "status": "cancelled", **_counts(i + 1)}
                     return
                 choice = {"index": 0, "finish_reason": None, "logprobs": None}
                 choice.update({"delta": {"content": f"t{i} "}} if chat else {"text": f"t{i} "})
                 chunk = {**base, "choices": [choice]}
                 if include_usage:
                     chunk["usage"] = None
-                await send({"type": "http.response.body", "body": b"data: " + json.dumps(chunk).encode() + b"\n\n", "more_body": True})
+                self.usage[rid]["completion_tokens"] = i + 1
+                frame = _frame(i + 1) if accounting else b""
+                await send({"type": "http.response.body", "body": frame + b"data: " + json.dumps(chunk).encode() + b"\n\n", "more_body": True})
             last = {"index": 0, "finish_reason": "length", "logprobs": None}
             last.update({"delta": {}} if chat else {"text": ""})
             events = [{**base, "choices": [last]}]
             if include_usage:
                 events.append({**base, "choices": [], "usage": _usage(n_tokens)})
-            data = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
-            await send({"type": "http.response.body", "body": data, "more_body": False})
+            frame = _frame(n_tokens) if accounting else b""
+            data = b"".join(frame + b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+            await send({"type": "http.response.body", "body": data + frame + b"data: [DONE]\n\n", "more_body": False})
             self.finished.append(rid)
+            self.usage[rid] = {"state": "finished", "status": "ok", **_counts(n_tokens)}
         finally:
             listener.cancel()
 
@@ -166,6 +197,14 @@ async def _disconnects_within(receive, seconds: float) -> bool:
         return True
     except TimeoutError:
         return False
+
+
+def _counts(completion: int) -> dict:
+    return {"prompt_tokens": PROMPT_TOKENS, "cached_tokens": CACHED_TOKENS, "completion_tokens": completion}
+
+
+def _frame(completion: int) -> bytes:
+    return b": usage " + json.dumps(_counts(completion)).encode() + b"\n"
 
 
 def _usage(completion: int) -> dict:

@@ -90,7 +90,7 @@ async def test_streaming_relays_sse_and_hides_the_usage_chunk_unless_asked(gatew
 
 async def test_completions_endpoint(gateway, tenant_key, drain):
     _, secret = await tenant_key()
-    body = {"model": "fake-model", "prompt": "Once upon", "max_tokens": 3}
+    body = {"model": "fake-model", "prompt": "Once upon a time, in a land far away", "max_tokens": 3}
     response = await post(AsyncClient(), secret, body, "/v1/completions")
     assert response.status_code == 200 and response.json()["choices"][0]["text"] == "t0 t1 t2 "
     response = await post(AsyncClient(), secret, {**body, "stream": True}, "/v1/completions")

@@ -43,7 +43,7 @@ def test_openai_client_chat_stream_completions_models(live_gateway, tenant_key):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "t0 t1 t2 "
     assert chunks[-1].usage.completion_tokens == 3
 
-    completion = client.completions.create(model="fake-model", prompt="x", max_tokens=2)
+    completion = client.completions.create(model="fake-model", prompt="Once upon a time, in a land far away", max_tokens=2)
     assert completion.choices[0].text == "t0 t1 "
     assert {m.id for m in client.models.list()} == {"fake-model", "fake-lora"}
 

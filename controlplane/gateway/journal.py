@@ -1,0 +1,59 @@
+"""The usage journal's writes (models.InflightRequest): admit before the first byte, forget with the ledger row.
+
+`admit` runs on the request path, so it is one INSERT. `forget` runs inside the transaction that
+writes the ledger rows (usage_writer.py, usage_queue.py), so a request is either in the journal or
+in the ledger, never in neither; a crash between the two leaves it in both, which the sweeper's
+idempotent ingest (first write wins) and the limiter's idempotent settle turn into one bill.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from controlplane.asyncdb import db_call
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    request_id: str
+    tenant_id: int
+    api_key_id: int | None
+    model: str
+    adapter: str | None
+    tier: str
+    prompt_estimate: int
+    reserved_tokens: int
+    reserved_spend_nano: int
+    period_start: dt.date
+    worker_url: str
+    created_at: dt.datetime
+
+
+def _insert(admission: Admission) -> None:
+    from .models import InflightRequest
+
+    fields = {name: getattr(admission, name) for name in Admission.__slots__}
+    fields["adapter"] = admission.adapter or ""
+    InflightRequest.objects.create(**fields)
+
+
+async def admit(admission: Admission) -> None:
+    """Durable before it returns; raises if the database cannot take it (the caller refuses the request)."""
+    await db_call(_insert, admission)
+
+
+def forget(request_ids: Iterable[str]) -> int:
+    """Delete the journal rows of requests whose usage is now in the ledger (call inside its transaction)."""
+    from .models import InflightRequest
+
+    ids = list(request_ids)
+    if not ids:
+        return 0
+    deleted, _ = InflightRequest.objects.filter(request_id__in=ids).delete()
+    return deleted
+
+
+async def forget_async(request_ids: Iterable[str]) -> int:
+    return await db_call(forget, list(request_ids))
