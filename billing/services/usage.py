@@ -44,11 +44,14 @@ def _priced_fields(*, prompt: int, cached: int, completion: int, price: Price | 
     return {"price": price, "currency": price.currency, **parts, "amount": exact_sum(parts.values())}
 
 
-def _api_key_prefix(api_key_id: int | None) -> str:
-    """Snapshot of the key's visible prefix, so exports still name the key after it is deleted."""
+def _api_key(api_key_id: int | None) -> tuple[int | None, str]:
+    """The key's id and a snapshot of its visible prefix, so exports still name the key after it is
+    deleted. A key deleted before its request's usage arrived is billed to the tenant without a key
+    (as the foreign key's SET_NULL would have left it), never refused."""
     if api_key_id is None:
-        return ""
-    return APIKey.objects.filter(pk=api_key_id).values_list("prefix", flat=True).first() or ""
+        return None, ""
+    prefix = APIKey.objects.filter(pk=api_key_id).values_list("prefix", flat=True).first()
+    return (api_key_id, prefix) if prefix is not None else (None, "")
 
 
 def _same_usage(record: UsageRecord, event: UsageEvent) -> bool:
@@ -80,11 +83,12 @@ def usage_record_ingest(*, event: UsageEvent) -> UsageRecord:
     # No "does it exist?" read first: duplicates are rare, so the unique index answers them and the
     # common path is three statements (price, key prefix, insert).
     price = price_lookup(model=event.model, adapter=event.adapter, tier=event.tier, at=event.created_at)
+    api_key_id, api_key_prefix = _api_key(event.api_key_id)
     fields = dict(
         request_id=event.request_id,
         tenant_id=event.tenant_id,
-        api_key_id=event.api_key_id,
-        api_key_prefix=_api_key_prefix(event.api_key_id),
+        api_key_id=api_key_id,
+        api_key_prefix=api_key_prefix,
         model=event.model,
         adapter=event.adapter or "",
         tier=event.tier or "",

@@ -139,6 +139,7 @@ class Meter:
     finished: bool = field(default=False)
     logs_content: bool = field(default=False)  # this request was sampled for content logs (operator opt-in)
     journaled: bool = field(default=False)  # a usage-journal row exists (the sweeper can finish the job)
+    worker_url: str = field(default="")  # the worker the request was sent to
 
     def finish(
         self,

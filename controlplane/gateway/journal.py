@@ -1,6 +1,7 @@
 """The usage journal's writes (models.InflightRequest): admit before the first byte, forget with the ledger row.
 
-`admit` runs on the request path, so it is one INSERT. `forget` runs inside the transaction that
+`admit` runs on the request path, after a worker is picked and before it is sent the request, so
+it is one INSERT (`move` follows only when that worker fails to connect and another is tried). `forget` runs inside the transaction that
 writes the ledger rows (usage_writer.py, usage_queue.py), so a request is either in the journal or
 in the ledger, never in neither; a crash between the two leaves it in both, which the sweeper's
 idempotent ingest (first write wins) and the limiter's idempotent settle turn into one bill.
@@ -42,6 +43,17 @@ def _insert(admission: Admission) -> None:
 async def admit(admission: Admission) -> None:
     """Durable before it returns; raises if the database cannot take it (the caller refuses the request)."""
     await db_call(_insert, admission)
+
+
+def _move(request_id: str, worker_url: str) -> None:
+    from .models import InflightRequest
+
+    InflightRequest.objects.filter(request_id=request_id).update(worker_url=worker_url)
+
+
+async def move(request_id: str, worker_url: str) -> None:
+    """The request went to another worker (the first failed before accepting it)."""
+    await db_call(_move, request_id, worker_url)
 
 
 def forget(request_ids: Iterable[str]) -> int:

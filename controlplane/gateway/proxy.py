@@ -109,9 +109,11 @@ async def reserve(principal: KeyPrincipal, parsed: parsing.ParsedRequest, target
 
 
 async def open_upstream(
-    request: HttpRequest, parsed: parsing.ParsedRequest, principal: KeyPrincipal, request_id: str, allowance: int
+    request: HttpRequest, parsed: parsing.ParsedRequest, principal: KeyPrincipal, request_id: str, meter: Meter
 ) -> tuple[Worker, httpx.Response]:
-    """Send to the best worker; on a connection failure before the first byte, try another."""
+    """Send to the best worker; on a connection failure before the first byte, try another. The usage
+    journal learns the worker before the worker learns the request."""
+    allowance = meter.plan.tokens
     registry = get_registry()
     key = parsing.affinity_key(parsed, principal.cache_salt)
     body = parsing.upstream_body(request.body, parsed)
@@ -134,6 +136,7 @@ async def open_upstream(
         if worker is None:
             break
         tried.add(worker.url)
+        await _journal(meter, parsed, worker.url)
         worker.outstanding += 1
         try:
             req = client.build_request("POST", worker.url + path, content=body, headers=headers)
@@ -181,9 +184,7 @@ async def handle(request: HttpRequest, kind: str) -> HttpResponse:
         extra_headers = ratelimit_headers(decision)
         meter = Meter(request_id, principal, target, plan, period, created_at, started)
         meter.logs_content = content_log.request(principal, request_id, request.body)
-        worker, response = await open_upstream(request, parsed, principal, request_id, plan.tokens)
-        if response.status_code == 200:
-            await _journal(meter, parsed, worker, response)
+        worker, response = await open_upstream(request, parsed, principal, request_id, meter)
     except ApplicationError as exc:
         if meter is not None:
             meter.finish(status="error", http_status=exc.status)
@@ -198,29 +199,30 @@ async def handle(request: HttpRequest, kind: str) -> HttpResponse:
         return error_response(error, request_id, extra_headers)
     except BaseException:
         if meter is not None:
-            meter.finish(status="partial", http_status=499)  # cancelled (client gone) or a bug: release what was reserved
+            # Cancelled (the client left; a non-streamed answer's headers come only when it is done) or a
+            # bug: bill what the worker generated before the connection dropped, release the rest.
+            resolve = _resolver(meter.worker_url, request_id, None) if meter.worker_url else None
+            meter.finish(status="partial", http_status=499, resolve=resolve)
         raise
     if parsed.stream and response.status_code == 200:
         return _streaming(response, worker, parsed, meter, request_id, extra_headers)
     return await _buffered(response, worker, parsed, meter, request_id, extra_headers)
 
 
-async def _journal(meter: Meter, parsed: parsing.ParsedRequest, worker: Worker, response: httpx.Response) -> None:
-    """Write the request to the usage journal before the client sees a byte; refuse it if that fails."""
-    admission_row = journal.Admission(
-        request_id=meter.request_id, tenant_id=meter.principal.tenant_id, api_key_id=meter.principal.key_id,
-        model=meter.target.base, adapter=meter.target.adapter, tier=meter.principal.limits.tier,
-        prompt_estimate=parsed.prompt_estimate, reserved_tokens=meter.plan.tokens,
-        reserved_spend_nano=meter.plan.spend_nano, period_start=meter.period, worker_url=worker.url,
-        created_at=meter.created_at,
-    )
+async def _journal(meter: Meter, parsed: parsing.ParsedRequest, worker_url: str) -> None:
+    """Write (or, on a retry, move) the request's usage-journal row; 503 if the database cannot take it."""
     try:
-        await journal.admit(admission_row)
-    except BaseException as exc:
-        worker.outstanding -= 1
-        await _close_quietly(response)  # drops the worker connection: the worker aborts the request
-        if not isinstance(exc, Exception):
-            raise  # cancelled: the client left while the row was written
+        if meter.journaled:
+            await journal.move(meter.request_id, worker_url)
+        else:
+            await journal.admit(journal.Admission(
+                request_id=meter.request_id, tenant_id=meter.principal.tenant_id, api_key_id=meter.principal.key_id,
+                model=meter.target.base, adapter=meter.target.adapter, tier=meter.principal.limits.tier,
+                prompt_estimate=parsed.prompt_estimate, reserved_tokens=meter.plan.tokens,
+                reserved_spend_nano=meter.plan.spend_nano, period_start=meter.period, worker_url=worker_url,
+                created_at=meter.created_at,
+            ))
+    except Exception as exc:
         log.error("usage journal unavailable; refusing the request", extra={"request_id": meter.request_id,
                                                                             "error": repr(exc)})
         raise ApplicationError(
@@ -228,16 +230,21 @@ async def _journal(meter: Meter, parsed: parsing.ParsedRequest, worker: Worker, 
             code="usage_unavailable", status=503, type="server_error", headers={"Retry-After": "5"},
         ) from exc
     meter.journaled = True
+    meter.worker_url = worker_url
 
 
-def _resolver(worker: Worker, request_id: str, fallback: WorkerCounts | None):
-    """The request's final counts from the worker, else its counts at the last event relayed."""
+def _resolver(worker_url: str, request_id: str, fallback: WorkerCounts | None):
+    """The request's final counts as the worker reports them once it has dropped the request; zero when
+    it never had it; else (it cannot be asked) its counts at the last relayed event, or None: the
+    sweeper's job."""
 
     async def resolve() -> WorkerCounts | None:
-        answer = await worker_usage.ask(worker.url, request_id, wait=USAGE_QUERY_WAIT)
-        if answer is not None and answer.state == "finished" and answer.counts is not None:
-            return answer.counts
-        return fallback
+        answer = await worker_usage.ask(worker_url, request_id, wait=USAGE_QUERY_WAIT)
+        if answer is None or answer.state == "running":
+            return fallback
+        if answer.state == "unknown":
+            return fallback or WorkerCounts(0, 0, 0)
+        return answer.counts
 
     return resolve
 
@@ -266,7 +273,7 @@ async def _buffered(upstream_response, worker, parsed, meter: Meter, request_id:
                 counts = None
             status = "ok"
             if counts is None:  # a 200 without a readable usage object: ask the worker
-                resolve = _resolver(worker, request_id, None)
+                resolve = _resolver(worker.url, request_id, None)
     except httpx.HTTPError as exc:  # the worker went away before its answer was complete: nothing served
         log.warning("upstream failed before its answer was complete", extra={"request_id": request_id, "error": repr(exc)})
         content, http_status = None, 502
@@ -274,7 +281,7 @@ async def _buffered(upstream_response, worker, parsed, meter: Meter, request_id:
         # The client left (the view is cancelled): the worker aborts when its connection drops; bill
         # what it generated until then, as it reports it.
         status, http_status = "partial", 499
-        resolve = _resolver(worker, request_id, None)
+        resolve = _resolver(worker.url, request_id, None)
         raise
     finally:
         worker.outstanding -= 1
@@ -315,7 +322,7 @@ def _streaming(upstream_response, worker, parsed, meter: Meter, request_id: str,
             # asked for once it has aborted; its counts at the last relayed event if it cannot answer.
             last = stream.worker_counts
             prompt, cached, completion = (last.prompt_tokens, last.cached_tokens, last.completion_tokens) if last else (0, 0, 0)
-            resolve = _resolver(worker, request_id, last)
+            resolve = _resolver(worker.url, request_id, last)
         ttft = (stream.first_token_at - meter.started) * 1000 if stream.first_token_at else None
         status = "ok" if ok else ("error" if stream.error is not None else "partial")
         # What the client got: a stream that broke (in-band error, worker gone) is the platform's failure.

@@ -95,6 +95,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(os.environ.get("TESSERA_RECONCILE_SECONDS", "5")),
         "options": {"expires": float(os.environ.get("TESSERA_RECONCILE_SECONDS", "5")) * 2},
     },
+    "gateway-usage-sweep": {"task": "gateway.usage_sweep", "schedule": 60.0, "options": {"expires": 120.0}},
     "billing-stripe-report-pending": {"task": "billing.stripe_report_pending", "schedule": 60.0},
     "billing-stripe-sync-pending": {"task": "billing.stripe_sync_pending", "schedule": 60.0},
     "billing-usage-daily-rollup": {"task": "billing.usage_daily_rollup", "schedule": 15 * 60.0},
@@ -139,6 +140,11 @@ TESSERA_LIMITER = os.environ.get("TESSERA_LIMITER", "redis" if REDIS_URL else "d
 TESSERA_REDIS_PREFIX = os.environ.get("TESSERA_REDIS_PREFIX", "tsr")
 # A request counts toward concurrency for at most this long if its gateway dies before settling.
 TESSERA_RESERVATION_TTL_SECONDS = int(os.environ.get("TESSERA_RESERVATION_TTL_SECONDS", "900"))
+# The usage sweeper (controlplane/gateway/sweeper.py, beat every minute): journal rows older than
+# MIN_AGE belong to a dead gateway; a request no worker knows is billed at its reservation after GIVE_UP.
+TESSERA_USAGE_SWEEP_MIN_AGE_SECONDS = float(os.environ.get("TESSERA_USAGE_SWEEP_MIN_AGE_SECONDS", "60"))
+TESSERA_USAGE_SWEEP_GIVE_UP_SECONDS = float(
+    os.environ.get("TESSERA_USAGE_SWEEP_GIVE_UP_SECONDS", str(TESSERA_RESERVATION_TTL_SECONDS)))
 
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

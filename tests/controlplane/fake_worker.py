@@ -48,6 +48,7 @@ class FakeWorker:
     hold: threading.Event | None = None  # completions wait until the test sets it
     usage: dict[str, dict] = field(default_factory=dict)  # request id -> {"state", counts}: the usage route
     forget_usage: bool = False  # answer the usage route with 404 (a worker that restarted)
+    tokens_per_event: int = 1  # tokens each stream event carries (a stop string holding text back sends several)
 
     def release(self) -> None:
         if self.hold is not None:
@@ -57,6 +58,7 @@ class FakeWorker:
         self.ready, self.token_delay, self.fail_status = True, 0.0, None
         self.usage.clear()
         self.forget_usage = False
+        self.tokens_per_event = 1
         self.release()
         self.hold = None
         self.received.clear()
@@ -85,6 +87,10 @@ class FakeWorker:
             return await _json(send, 200, {"object": "list", "data": self.models})
         if method == "GET" and path.startswith("/tessera/v1/requests/") and path.endswith("/usage"):
             rid = path[len("/tessera/v1/requests/"):-len("/usage")]
+            query = dict(p.split("=", 1) for p in scope["query_string"].decode().split("&") if "=" in p)
+            deadline = time.monotonic() + min(10.0, float(query.get("wait", 0)))
+            while self.usage.get(rid, {}).get("state") == "running" and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
             entry = None if self.forget_usage else self.usage.get(rid)
             if entry is None:
                 return await _json(send, 404, {"error": {"message": "unknown", "type": "invalid_request_error",
@@ -121,9 +127,11 @@ class FakeWorker:
                                           headers.get("x-tessera-accounting") == "1")
                 return await self._stream(send, receive, body, chat, rid, n_tokens)
             if self.token_delay:  # generate "slowly", noticing a client that goes away meanwhile
+                began = time.monotonic()
                 if await _disconnects_within(receive, self.token_delay * n_tokens):
                     self.disconnected.append(rid)
-                    self.usage[rid] = {"state": "finished", "status": "cancelled", **_counts(n_tokens // 2)}
+                    made = min(n_tokens, int((time.monotonic() - began) / self.token_delay))  # generated so far
+                    self.usage[rid] = {"state": "finished", "status": "cancelled", **_counts(made)}
                     return
             text = "".join(f"t{i} " for i in range(n_tokens))
             choice = {"index": 0, "finish_reason": "length", "logprobs": None}
@@ -154,7 +162,9 @@ class FakeWorker:
                 "created": int(time.time()), "model": body["model"]}
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         try:
-            for i in range(n_tokens):
+            per = self.tokens_per_event
+            for event in range(-(-n_tokens // per)):
+                made = min(n_tokens, (event + 1) * per)  # tokens generated once this event is out
                 if self.token_delay:
                     try:
                         await asyncio.wait_for(gone.wait(), self.token_delay)
@@ -162,16 +172,17 @@ class FakeWorker:
                         pass
                 if gone.is_set():
                     self.disconnected.append(rid)
-                    # Like the real worker: the token it was generating when the client left counts too.
-                    self.usage[rid] = {"state": "finished", "status": "cancelled", **_counts(i + 1)}
+                    # Like the real worker: the tokens it was generating when the client left count too.
+                    self.usage[rid] = {"state": "finished", "status": "cancelled", **_counts(made)}
                     return
                 choice = {"index": 0, "finish_reason": None, "logprobs": None}
-                choice.update({"delta": {"content": f"t{i} "}} if chat else {"text": f"t{i} "})
+                text = "".join(f"t{i} " for i in range(event * per, made))
+                choice.update({"delta": {"content": text}} if chat else {"text": text})
                 chunk = {**base, "choices": [choice]}
                 if include_usage:
                     chunk["usage"] = None
-                self.usage[rid]["completion_tokens"] = i + 1
-                frame = _frame(i + 1) if accounting else b""
+                self.usage[rid]["completion_tokens"] = made
+                frame = _frame(made) if accounting else b""
                 await send({"type": "http.response.body", "body": frame + b"data: " + json.dumps(chunk).encode() + b"\n\n", "more_body": True})
             last = {"index": 0, "finish_reason": "length", "logprobs": None}
             last.update({"delta": {}} if chat else {"text": ""})

@@ -109,7 +109,12 @@ def test_client_disconnect_without_streaming_cancels_the_worker_request(live_gat
                    headers={"Authorization": f"Bearer {secret}"})
     wait_for(lambda: any(w.disconnected for w in workers))
     wait_for(lambda: len(sink.EVENTS) == 1)
-    assert sink.EVENTS[0].status == "partial" and sink.EVENTS[0].completion_tokens == 0
+    (event,) = sink.EVENTS
+    (worker,) = [w for w in workers if w.disconnected]
+    # Billed what the worker generated before the client left (its count, asked after the abort).
+    reported = worker.usage[event.request_id]
+    assert event.status == "partial" and event.http_status == 499
+    assert 0 < event.completion_tokens == reported["completion_tokens"] < 100 and event.prompt_tokens == 7
     for worker in workers:
         worker.token_delay = 0.0
     response = httpx.post(f"{live_gateway}/v1/chat/completions", json={**body, "max_tokens": 1}, timeout=10,

@@ -1,0 +1,129 @@
+"""Finishing the accounting of requests whose gateway died (the usage journal's leftovers).
+
+A journal row older than `min_age` seconds belongs to a request that no live gateway is about to
+account for: its gateway was killed (OOM, kill -9, a rollout past the grace period) after the
+worker accepted it. The worker dropped the request when the gateway's connection did, and keeps
+its final counts (its usage route), so the sweeper asks it and bills exactly what it generated,
+settles the limiter (which also frees the request's concurrency seat) and deletes the row, in
+the same transaction as the ledger row. A worker still running the request is asked again at the
+next sweep. A worker that does not know the request (it restarted too) or cannot be reached is
+asked again until `give_up_after` seconds; then the reservation itself is billed (the estimated
+prompt and the rest as completion: the most the worker could have served), as docs/billing.md
+says. Everything is idempotent on the request id: a live gateway finishing at the same moment, or
+two sweepers, still bill once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import transaction
+from django.utils.module_loading import import_string
+
+from billing.events import UsageEvent
+from controlplane.asyncdb import db_call
+from tenants.limits import Settlement, get_limiter
+
+from . import accounting, journal, worker_usage
+from .models import InflightRequest
+from .worker_usage import WorkerCounts
+from .workers import ModelTarget
+
+log = logging.getLogger("tessera.gateway")
+BATCH = 500
+
+
+@dataclass(slots=True)
+class SweepReport:
+    billed_from_worker: list[str] = field(default_factory=list)
+    billed_reservation: list[str] = field(default_factory=list)
+    still_running: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)  # the worker could not answer yet
+    refused: list[str] = field(default_factory=list)  # the ledger refused the event (logged)
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: len(getattr(self, name)) for name in self.__slots__}
+
+
+def _orphans(older_than: dt.datetime) -> list[InflightRequest]:
+    return list(InflightRequest.objects.filter(admitted_at__lte=older_than).order_by("admitted_at")[:BATCH])
+
+
+def _limits(tenant_id: int):
+    from tenants.models import Tenant
+    from tenants.selectors import tenant_limits
+
+    return tenant_limits(tenant=Tenant.objects.select_related("tier").get(pk=tenant_id))
+
+
+def _write(event: UsageEvent) -> bool:
+    sink = import_string(settings.TESSERA_USAGE_SINK)
+    try:
+        with transaction.atomic():
+            sink(event=event)
+            journal.forget([event.request_id])
+        return True
+    except Exception:
+        # Refused (the tenant is gone, a malformed row): retrying cannot help; drop the row, loudly.
+        log.exception("swept usage event refused", extra={"request_id": event.request_id, "event": repr(event)})
+        journal.forget([event.request_id])
+        return False
+
+
+async def _bill(row: InflightRequest, counts: WorkerCounts, now: dt.datetime) -> bool:
+    event = UsageEvent(
+        request_id=row.request_id, tenant_id=row.tenant_id, api_key_id=row.api_key_id, model=row.model,
+        adapter=row.adapter or None, tier=row.tier, prompt_tokens=counts.prompt_tokens,
+        cached_tokens=counts.cached_tokens, completion_tokens=counts.completion_tokens, ttft_ms=None,
+        latency_ms=(now - row.created_at).total_seconds() * 1000,
+        status="error",  # the client's connection died with its gateway: the platform failed it
+        created_at=row.created_at, http_status=None,
+    )
+    actual_spend = 0
+    if row.reserved_spend_nano:
+        target = ModelTarget(name=row.adapter or row.model, base=row.model, adapter=row.adapter or None)
+        try:
+            actual_spend = await accounting.price_nano(
+                target=target, tier=row.tier, prompt_tokens=counts.prompt_tokens,
+                completion_tokens=counts.completion_tokens, at=row.created_at)
+        except Exception:
+            log.exception("price estimate failed; keeping the reserved spend", extra={"request_id": row.request_id})
+            actual_spend = row.reserved_spend_nano
+    try:
+        limits = await db_call(_limits, row.tenant_id)
+        await get_limiter().settle(Settlement(
+            row.tenant_id, row.request_id, limits, row.period_start, row.reserved_tokens,
+            counts.prompt_tokens + counts.completion_tokens, row.reserved_spend_nano, actual_spend))
+    except Exception:
+        log.exception("swept settle failed; the reservation expires on its own", extra={"request_id": row.request_id})
+    return await db_call(_write, event)
+
+
+async def sweep(*, min_age: float | None = None, give_up_after: float | None = None,
+                now: dt.datetime | None = None) -> SweepReport:
+    min_age = settings.TESSERA_USAGE_SWEEP_MIN_AGE_SECONDS if min_age is None else min_age
+    give_up_after = settings.TESSERA_USAGE_SWEEP_GIVE_UP_SECONDS if give_up_after is None else give_up_after
+    now = now or dt.datetime.now(dt.UTC)
+    report = SweepReport()
+    for row in await db_call(_orphans, now - dt.timedelta(seconds=min_age)):
+        answer = await worker_usage.ask(row.worker_url, row.request_id)
+        if answer is not None and answer.state == "running":
+            report.still_running.append(row.request_id)
+            continue
+        if answer is not None and answer.state == "finished" and answer.counts is not None:
+            billed = await _bill(row, answer.counts, now)
+            (report.billed_from_worker if billed else report.refused).append(row.request_id)
+            continue
+        if (now - row.admitted_at).total_seconds() < give_up_after:
+            report.waiting.append(row.request_id)
+            continue
+        prompt = min(row.prompt_estimate, row.reserved_tokens)
+        log.warning("no worker knows this request; billing its reservation", extra={"request_id": row.request_id})
+        billed = await _bill(row, WorkerCounts(prompt, 0, row.reserved_tokens - prompt), now)
+        (report.billed_reservation if billed else report.refused).append(row.request_id)
+    if any(report.as_dict().values()):
+        log.info("usage sweep", extra=report.as_dict())
+    return report

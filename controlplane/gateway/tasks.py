@@ -1,0 +1,24 @@
+"""Celery tasks of the gateway: the usage sweeper (beat, every minute)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from celery import shared_task
+from django.db import DatabaseError
+
+from . import sweeper, upstream
+
+
+async def _sweep_once() -> dict[str, int]:
+    try:
+        return (await sweeper.sweep()).as_dict()
+    finally:
+        await upstream.close()  # this loop's worker connections: asyncio.run closes the loop next
+
+
+@shared_task(name="gateway.usage_sweep", acks_late=True, autoretry_for=(DatabaseError,), retry_backoff=True,
+             retry_backoff_max=300, max_retries=5)
+def usage_sweep() -> dict[str, int]:
+    """Idempotent: every row it finishes is billed once whatever else runs at the same time."""
+    return asyncio.run(_sweep_once())
