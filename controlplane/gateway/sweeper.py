@@ -6,10 +6,11 @@ worker accepted it. The worker dropped the request when the gateway's connection
 its final counts (its usage route), so the sweeper asks it and bills exactly what it generated,
 settles the limiter (which also frees the request's concurrency seat) and deletes the row, in
 the same transaction as the ledger row. A worker still running the request is asked again at the
-next sweep. A worker that does not know the request (it restarted too) or cannot be reached is
-asked again until `give_up_after` seconds; then the reservation itself is billed (the estimated
-prompt and the rest as completion: the most the worker could have served), as docs/billing.md
-says. Everything is idempotent on the request id: a live gateway finishing at the same moment, or
+next sweep. A worker that answers but does not know the request never had it (the gateway died
+before sending it) or restarted since: nothing is billed and the reservation is released. A worker
+that cannot be reached is asked again until `give_up_after` seconds; then the reservation itself
+is billed (the estimated prompt and the rest as completion: the most the worker could have
+served), as docs/billing.md says. Everything is idempotent on the request id: a live gateway finishing at the same moment, or
 two sweepers, still bill once.
 """
 
@@ -113,8 +114,11 @@ async def sweep(*, min_age: float | None = None, give_up_after: float | None = N
         if answer is not None and answer.state == "running":
             report.still_running.append(row.request_id)
             continue
-        if answer is not None and answer.state == "finished" and answer.counts is not None:
-            billed = await _bill(row, answer.counts, now)
+        if answer is not None and answer.state in ("finished", "unknown"):
+            # Unknown to a worker that answers: it never had the request (the gateway died before
+            # sending it) or restarted since (what it served died with it): nothing to bill, release.
+            counts = answer.counts or WorkerCounts(0, 0, 0)
+            billed = await _bill(row, counts, now)
             (report.billed_from_worker if billed else report.refused).append(row.request_id)
             continue
         if (now - row.admitted_at).total_seconds() < give_up_after:

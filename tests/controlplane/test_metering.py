@@ -1,0 +1,212 @@
+"""Exact metering through a real gateway socket: the worker's counts on every path, the usage journal,
+the reservation as the worker's allowance, and the sweeper for requests whose gateway died."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import threading
+
+import httpx
+import pytest
+from asgiref.sync import sync_to_async
+
+from controlplane.gateway import journal, sweeper
+from controlplane.gateway.models import InflightRequest
+
+from . import sink
+from .fake_worker import CACHED_TOKENS, PROMPT_TOKENS
+from .test_live_gateway import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "tell me a long story please"}]}
+
+
+def stream_and_leave(base_url: str, secret: str, body: dict, events: int) -> str:
+    """Read `events` data events of a stream, then close the connection; the request id."""
+    with httpx.Client(timeout=10) as client:
+        with client.stream("POST", f"{base_url}/v1/chat/completions", json={**body, "stream": True},
+                           headers={"Authorization": f"Bearer {secret}"}) as response:
+            assert response.status_code == 200
+            seen = 0
+            for line in response.iter_lines():
+                assert not line.startswith(": usage"), "the worker's accounting frames must not reach the client"
+                seen += line.startswith("data: ")
+                if seen == events:
+                    return response.headers["x-request-id"]
+    raise AssertionError("the stream ended early")
+
+
+def the_worker(workers, request_id: str):
+    (worker,) = [w for w in workers if request_id in w.usage]
+    return worker
+
+
+def test_partial_stream_is_billed_the_tokens_the_worker_generated_not_the_deltas(live_gateway, tenant_key, workers):
+    # The issue's reproduction: a stop string makes the worker send many tokens per event; counting
+    # deltas billed 1 per event. The worker's own counts are billed, prompt included.
+    _, secret = tenant_key.sync()
+    for w in workers:
+        w.tokens_per_event, w.token_delay = 10, 0.05
+    request_id = stream_and_leave(live_gateway, secret, {**CHAT, "max_tokens": 200}, events=2)
+    wait_for(lambda: len(sink.EVENTS) == 1)
+    (event,) = sink.EVENTS
+    reported = the_worker(workers, request_id).usage[request_id]
+    assert reported["state"] == "finished" and reported["status"] == "cancelled"
+    assert event.request_id == request_id and event.status == "partial" and event.http_status == 499
+    assert event.completion_tokens == reported["completion_tokens"] >= 20  # 2 events of 10 tokens reached the client
+    assert (event.prompt_tokens, event.cached_tokens) == (PROMPT_TOKENS, CACHED_TOKENS)  # the worker's, not an estimate
+
+
+def test_a_worker_that_cannot_say_leaves_the_counts_of_the_last_relayed_event(live_gateway, tenant_key, workers):
+    _, secret = tenant_key.sync()
+    for w in workers:
+        w.tokens_per_event, w.token_delay, w.forget_usage = 10, 0.05, True  # its usage route answers 404
+    stream_and_leave(live_gateway, secret, {**CHAT, "max_tokens": 200}, events=3)
+    wait_for(lambda: len(sink.EVENTS) == 1)
+    event = sink.EVENTS[0]
+    assert event.completion_tokens >= 30 and event.prompt_tokens == PROMPT_TOKENS
+
+
+def test_the_reservation_is_the_workers_allowance_and_the_journal_holds_the_request_meanwhile(
+        live_gateway, tenant_key, workers):
+    tenant, secret = tenant_key.sync()
+    for w in workers:
+        w.hold = threading.Event()
+    outcome = {}
+
+    def call():
+        outcome["response"] = httpx.post(f"{live_gateway}/v1/chat/completions", json={**CHAT, "max_tokens": 5},
+                                         headers={"Authorization": f"Bearer {secret}"}, timeout=10)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    wait_for(lambda: any(w.received for w in workers))
+    (received,) = [r for w in workers for r in w.received]
+    rows = list(InflightRequest.objects.all())
+    assert len(rows) == 1 and rows[0].request_id == received.headers["x-request-id"]
+    assert rows[0].tenant_id == tenant.pk and rows[0].worker_url in {w.url for w in workers}
+    assert int(received.headers["x-token-allowance"]) == rows[0].reserved_tokens == rows[0].prompt_estimate + 5
+    assert received.headers["x-tessera-accounting"] == "1"
+    for w in workers:
+        w.release()
+    thread.join()
+    assert outcome["response"].status_code == 200
+    wait_for(lambda: len(sink.EVENTS) == 1)
+    wait_for(lambda: not InflightRequest.objects.exists())  # gone with the usage write
+
+
+async def test_no_journal_no_service(gateway, tenant_key, workers, monkeypatch, drain):
+    """A request whose usage could not be made crash-safe is refused (503), never sent to a worker."""
+    from django.db import OperationalError
+    from django.test import AsyncClient
+
+    async def down(admission):
+        raise OperationalError("the database is gone")
+
+    monkeypatch.setattr(journal, "admit", down)
+    _, secret = await tenant_key(max_concurrent_requests=1)
+    response = await AsyncClient().post("/v1/chat/completions", data={**CHAT, "max_tokens": 3},
+                                        content_type="application/json", headers={"Authorization": f"Bearer {secret}"})
+    assert response.status_code == 503 and response.json()["error"]["code"] == "usage_unavailable"
+    assert int(response["Retry-After"]) >= 1
+    assert not any(w.received for w in workers)
+    await drain()
+    monkeypatch.undo()
+    response = await AsyncClient().post("/v1/chat/completions", data={**CHAT, "max_tokens": 3},
+                                        content_type="application/json", headers={"Authorization": f"Bearer {secret}"})
+    assert response.status_code == 200  # the refused request's concurrency seat was released
+
+
+# --- the sweeper ---------------------------------------------------------------------------------------
+
+
+async def orphan(tenant, worker_url: str, request_id: str, reserved: int = 60):
+    """What a gateway killed mid-request leaves: a reservation in the limiter and a journal row."""
+    from tenants.limits import LimitPlan, get_limiter, period_start
+    from tenants.selectors import tenant_limits
+
+    limits = await sync_to_async(lambda: tenant_limits(tenant=type(tenant).objects.select_related("tier").get(pk=tenant.pk)))()
+    decision = await get_limiter().reserve(LimitPlan(tenant.pk, request_id, limits, reserved, 0))
+    assert decision.allowed
+    await journal.admit(journal.Admission(
+        request_id=request_id, tenant_id=tenant.pk, api_key_id=None, model="fake-model", adapter=None,
+        tier=limits.tier, prompt_estimate=10, reserved_tokens=reserved, reserved_spend_nano=0,
+        period_start=period_start(), worker_url=worker_url, created_at=dt.datetime.now(dt.UTC)))
+    return limits
+
+
+async def limiter_state(tenant):
+    from tenants.models import BudgetPeriod, Reservation
+
+    def read():
+        budget = BudgetPeriod.objects.filter(tenant_id=tenant.pk).first()
+        return Reservation.objects.filter(tenant_id=tenant.pk).count(), budget.tokens if budget else 0
+
+    return await sync_to_async(read)()
+
+
+async def test_sweeper_bills_a_dead_gateways_request_from_the_workers_counts(gateway, tenant_key, workers):
+    tenant, _ = await tenant_key(max_concurrent_requests=2, monthly_token_budget=10_000)
+    worker = workers[0]
+    worker.usage["req_dead"] = {"state": "finished", "status": "cancelled", "prompt_tokens": 12, "cached_tokens": 4,
+                                "completion_tokens": 33}
+    worker.usage["req_live"] = {"state": "running", "status": "running", "prompt_tokens": 12, "cached_tokens": 0,
+                                "completion_tokens": 5}
+    await orphan(tenant, worker.url, "req_dead")
+    await orphan(tenant, worker.url, "req_live")
+    assert await limiter_state(tenant) == (2, 120)
+
+    report = await sweeper.sweep(min_age=0)
+    assert report.billed_from_worker == ["req_dead"] and report.still_running == ["req_live"]
+    (event,) = sink.EVENTS
+    assert (event.request_id, event.prompt_tokens, event.cached_tokens, event.completion_tokens) == ("req_dead", 12, 4, 33)
+    assert event.status == "error" and event.tenant_id == tenant.pk  # the client's connection died with its gateway
+    assert await limiter_state(tenant) == (1, 45 + 60)  # settled to what was served; the live one still reserved
+    assert await sync_to_async(lambda: list(InflightRequest.objects.values_list("request_id", flat=True)))() == ["req_live"]
+
+    assert (await sweeper.sweep(min_age=0)).billed_from_worker == []  # idempotent
+    assert len(sink.EVENTS) == 1
+
+
+async def test_sweeper_releases_a_request_no_worker_had_and_bills_the_reservation_only_when_it_gives_up(
+        gateway, tenant_key, workers):
+    tenant, _ = await tenant_key(monthly_token_budget=10_000)
+    await orphan(tenant, workers[0].url, "req_never_arrived")  # the worker answers 404: it never had it
+    await orphan(tenant, "http://127.0.0.1:9", "req_worker_gone", reserved=50)  # nobody answers there
+
+    report = await sweeper.sweep(min_age=0, give_up_after=3600)
+    assert report.billed_from_worker == ["req_never_arrived"] and report.waiting == ["req_worker_gone"]
+    assert sink.EVENTS[0].completion_tokens == sink.EVENTS[0].prompt_tokens == 0
+    assert await limiter_state(tenant) == (1, 50)
+
+    report = await sweeper.sweep(min_age=0, give_up_after=0)
+    assert report.billed_reservation == ["req_worker_gone"]
+    billed = sink.EVENTS[1]
+    assert (billed.prompt_tokens, billed.completion_tokens) == (10, 40)  # the estimate, and the rest of the allowance
+    assert await limiter_state(tenant) == (0, 50)
+    assert not await sync_to_async(InflightRequest.objects.exists)()
+
+
+def test_sweep_command_and_beat_entry(settings):
+    from django.core.management import call_command
+
+    from controlplane.gateway import tasks
+
+    assert settings.CELERY_BEAT_SCHEDULE["gateway-usage-sweep"]["task"] == tasks.usage_sweep.name
+    out = __import__("io").StringIO()
+    call_command("usage_sweep", "--min-age", "0", stdout=out)
+    assert "billed_from_worker=0" in out.getvalue()
+
+
+def test_celery_task_runs_the_sweep(gateway, tenant_key, workers):
+    tenant, _ = tenant_key.sync()
+    workers[0].usage["req_task"] = {"state": "finished", "status": "ok", "prompt_tokens": 3, "cached_tokens": 0,
+                                    "completion_tokens": 2}
+    asyncio.run(orphan(tenant, workers[0].url, "req_task"))
+    gateway.TESSERA_USAGE_SWEEP_MIN_AGE_SECONDS = 0
+    from controlplane.gateway import tasks
+
+    assert tasks.usage_sweep.apply().get()["billed_from_worker"] == 1
+    assert sink.EVENTS[0].completion_tokens == 2
