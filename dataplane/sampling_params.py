@@ -6,6 +6,19 @@ from dataclasses import dataclass, field
 
 from dataplane.structured.params import StructuredOutputs
 
+# Per-request limits that keep one request from slowing its batch mates (the stop search runs on the
+# engine thread for every token of every request).
+# OpenAI's documented limit: "Up to 4 sequences where the API will stop generating further tokens."
+MAX_STOP_SEQUENCES = 4
+# Characters per stop string. While a request runs, the detokenizer holds back the longest stop
+# string minus one character, so a long stop string also delays streaming: 256 characters (~60
+# tokens of delay at most) is far above real stop strings ("\n\n", "</answer>", "Observation:", a
+# closing code fence), and keeps the held-back tail and the automaton small.
+MAX_STOP_CHARS = 256
+# Extra stop tokens: real models need a handful (end-of-turn, end-of-text, tool-call ends); each is
+# checked per token per request.
+MAX_STOP_TOKEN_IDS = 64
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -50,8 +63,19 @@ class SamplingParams:
             raise ValueError(f"presence_penalty: must be in [-2, 2], got {self.presence_penalty}")
         if not -2.0 <= self.frequency_penalty <= 2.0:
             raise ValueError(f"frequency_penalty: must be in [-2, 2], got {self.frequency_penalty}")
+        if len(self.stop) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"stop: at most {MAX_STOP_SEQUENCES} stop sequences are accepted, got {len(self.stop)}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop: every stop sequence must be a non-empty string")
+        if any(len(s) > MAX_STOP_CHARS for s in self.stop):
+            longest = max(len(s) for s in self.stop)
+            raise ValueError(f"stop: a stop sequence is {longest} characters; at most {MAX_STOP_CHARS} are accepted")
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} are accepted, "
+                             f"got {len(self.stop_token_ids)}")
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.stop_token_ids):
+            raise ValueError("stop_token_ids: every entry must be a token id (an integer >= 0)")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError(f"logprobs: must be between 0 and 20, got {self.logprobs}")
         if self.seed is not None and not isinstance(self.seed, int):

@@ -3,11 +3,14 @@
 Text is produced with tokenizers' DecodeStream, which never yields a broken UTF-8 sequence (a
 character split across tokens is held until complete). Stop strings are searched in the decoded
 text, so they match when split across tokens; while a request runs, the last len(stop) - 1
-characters are held back so a stop string is never streamed and then taken back.
+characters are held back so a stop string is never streamed and then taken back. The search is an
+Aho–Corasick automaton fed only the new text (stop_strings.py): its cost per token does not grow
+with the number or length of the stop strings.
 """
 
 from __future__ import annotations
 
+from dataplane.engine.stop_strings import StopMatcher
 from dataplane.models.tokenizer import Tokenizer
 from dataplane.sampling_params import SamplingParams
 
@@ -22,28 +25,24 @@ class IncrementalDetokenizer:
         self.emitted = 0  # characters of `text` already handed out
         self.holdback = max((len(s) for s in params.stop), default=1) - 1
         self.stopped_on: str | None = None
+        self.matcher = StopMatcher(params.stop) if params.stop else None
 
     def add_tokens(self, token_ids: list[int]) -> str | None:
         """Decode new tokens; return the stop string if one now appears in the text."""
-        search_from = max(0, len(self.text) - self.holdback)
+        pieces = []
         for tok in token_ids:
             self.token_ids.append(tok)
             piece = self.stream.step(self.tokenizer.backend, tok)
             if piece:
-                self.text += piece
-        if self.params.stop:
-            return self._find_stop(search_from)
-        return None
-
-    def _find_stop(self, search_from: int) -> str | None:
-        best = None
-        for s in self.params.stop:
-            i = self.text.find(s, search_from)
-            if i != -1 and (best is None or i < best[0]):
-                best = (i, s)
-        if best is None:
+                pieces.append(piece)
+        new = "".join(pieces)
+        self.text += new
+        if self.matcher is None or not new:
             return None
-        i, s = best
+        found = self.matcher.feed(new)  # positions in self.text: the matcher has seen all of it
+        if found is None:
+            return None
+        i, s = found
         self.text = self.text[: i + len(s)] if self.params.include_stop_str_in_output else self.text[:i]
         self.stopped_on = s
         return s
