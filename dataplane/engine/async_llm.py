@@ -24,6 +24,7 @@ from dataplane.outputs import RequestOutput
 from dataplane.sampling_params import SamplingParams
 from dataplane.scheduler.scheduler import QueueFullError
 from dataplane.stats import SchedulerStats
+from dataplane.structured.backend import DEFAULT_COMPILE_TIMEOUT
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +42,10 @@ class _Stream:
 class AsyncLLM:
     def __init__(self, model_config: ModelConfig, cache_config: CacheConfig | None = None,
                  scheduler_config: SchedulerConfig | None = None, progress: bool = True,
-                 preloaded: LoadedModel | None = None, lora_config: LoRAConfig | None = None) -> None:
+                 preloaded: LoadedModel | None = None, lora_config: LoRAConfig | None = None,
+                 grammar_compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT) -> None:
         self.core = EngineCore(model_config, cache_config or CacheConfig(), scheduler_config or SchedulerConfig(),
-                               progress, preloaded, lora_config)
+                               progress, preloaded, lora_config, grammar_compile_timeout)
         self.tokenizer = self.core.tokenizer
         self.model_name = model_config.model
         self.max_model_len = self.core.max_model_len
@@ -146,6 +148,7 @@ class AsyncLLM:
         self._stopped.set()
         self._wake.set()
         self._thread.join(timeout)
+        self.core.structured.close()
 
     def is_alive(self) -> bool:
         return self._thread.is_alive() and self._error is None

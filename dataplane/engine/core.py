@@ -21,7 +21,7 @@ from dataplane.sampling_params import SamplingParams
 from dataplane.scheduler.output import ModelRunnerOutput
 from dataplane.scheduler.scheduler import Scheduler
 from dataplane.stats import SchedulerStats
-from dataplane.structured.backend import GrammarBackend
+from dataplane.structured.backend import DEFAULT_COMPILE_TIMEOUT, GrammarBackend
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,8 @@ class MemoryReport:
 class EngineCore:
     def __init__(self, model_config: ModelConfig, cache_config: CacheConfig, scheduler_config: SchedulerConfig,
                  progress: bool = True, preloaded: LoadedModel | None = None,
-                 lora_config: LoRAConfig | None = None) -> None:
+                 lora_config: LoRAConfig | None = None,
+                 grammar_compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT) -> None:
         self.model_config = model_config
         # `preloaded` lets several engines (tests, benchmarks) share one set of read-only weights.
         loaded = preloaded or load_configured(model_config, progress)
@@ -73,8 +74,10 @@ class EngineCore:
                                    max_loras=lora_config.max_loras if lora_config else None)
         # Multi-LoRA (dataplane/lora): None when the engine serves the base model only.
         self.lora = LoRAManager(lora_config, self.model, self.scheduler) if lora_config else None
-        # Structured outputs: grammars compiled against this tokenizer (lazily: plain engines pay nothing).
-        self.structured = GrammarBackend(self.tokenizer.hf, self.model.args.vocab_size, self.tokenizer.eos_token_ids)
+        # Structured outputs: grammars compiled against this tokenizer (lazily: plain engines pay nothing),
+        # each within grammar_compile_timeout seconds (None: in-process, no deadline).
+        self.structured = GrammarBackend(self.tokenizer.hf, self.model.args.vocab_size, self.tokenizer.eos_token_ids,
+                                         compile_timeout=grammar_compile_timeout)
         self.runner = ModelRunner(self.model, num_blocks, cache_config.block_size, model_config.seed,
                                   lora=self.lora.runtime if self.lora else None, structured=self.structured)
         self.processor = OutputProcessor(self.tokenizer)

@@ -13,6 +13,7 @@ from dataplane.lora.manager import AdapterInfo
 from dataplane.models.loader import LoadedModel
 from dataplane.outputs import RequestOutput
 from dataplane.sampling_params import SamplingParams
+from dataplane.structured.backend import DEFAULT_COMPILE_TIMEOUT
 
 
 class LLM:
@@ -26,6 +27,7 @@ class LLM:
                  quantization: str | None = None, quantize_lm_head: bool = False, int4_dense_above: int = 0,
                  enable_lora: bool = False, max_loras: int = 4, max_lora_rank: int = 16,
                  max_cpu_loras: int | None = None,
+                 grammar_compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT,
                  progress: bool = False, preloaded: LoadedModel | None = None) -> None:
         lora = LoRAConfig(max_loras=max_loras, max_lora_rank=max_lora_rank,
                           max_cpu_loras=max_cpu_loras) if enable_lora else None
@@ -43,6 +45,7 @@ class LLM:
             progress=progress,
             preloaded=preloaded,
             lora_config=lora,
+            grammar_compile_timeout=grammar_compile_timeout,
         )
         self.tokenizer = self.core.tokenizer
 

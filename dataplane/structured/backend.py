@@ -11,6 +11,9 @@ Choices (kept where a request is silent, as vLLM users would expect):
 - `json_object` (OpenAI's JSON mode) is any JSON *object*, as at OpenAI, not any JSON value.
 - A matcher is rebuilt for a preempted request from its output tokens: the grammar state is a
   function of them, so recompute-preemption needs no saved state.
+- Compiles have a deadline (`compile_timeout`, 10 s by default): they run in a child process that
+  is killed when it overruns (compile_process.py), and the request gets a ValueError naming its
+  field (a 400 from the worker). `compile_timeout=None` compiles in-process with no deadline.
 """
 
 from __future__ import annotations
@@ -23,12 +26,19 @@ from typing import Any
 
 import torch
 
+from dataplane.structured.compile_process import CompileFailed, CompilePool, CompileTimeout
 from dataplane.structured.params import StructuredOutputs
 
 # Compiled grammars kept per engine (least recently used dropped): one per distinct schema/regex.
 CACHE_ENTRIES = 256
 # xgrammar errors read "[12:00:00] /project/cpp/file.cc:123: message"; callers want the message.
 _XGR_PREFIX = re.compile(r"^\s*\[[^\]]*\]\s*\S+:\d+:\s*")
+# Seconds a grammar may take to compile. Measured on the test machine's shared EPYC (SmolLM2's 49k
+# vocabulary): JSON mode 3 ms, a 4-field person schema 60 ms, a string with maxLength 0.4-0.9 s, 20
+# string fields with distinct maxLength 8 s (each distinct bounded string is ~0.4 s); a hostile 64 KiB
+# schema runs for minutes. 10 s passes every real schema we measured and caps the damage.
+DEFAULT_COMPILE_TIMEOUT = 10.0
+_WHAT = {"json": "JSON schema", "json_object": "JSON schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
 
 
 def _xgr() -> Any:
@@ -38,26 +48,52 @@ def _xgr() -> Any:
 
 
 class GrammarBackend:
-    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
+    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...],
+                 compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT, compile_processes: int = 1) -> None:
+        if compile_timeout is not None and not compile_timeout > 0:
+            raise ValueError(f"grammar_compile_timeout: must be > 0 seconds (or None: no deadline), got {compile_timeout}")
+        if compile_processes < 1:
+            raise ValueError(f"grammar_compile_processes: must be >= 1, got {compile_processes}")
         self.hf_tokenizer = hf_tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
+        self.compile_timeout = compile_timeout
+        self.compile_processes = compile_processes
+        self._info: Any = None
         self._compiler: Any = None
+        self._pool: CompilePool | None = None
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self.num_compiled = 0
 
-    def _get_compiler(self) -> Any:
+    def _get_info(self) -> Any:
         # Built on first use: reading the vocabulary takes ~0.4 s, which engines that never see a
         # structured request should not pay at start.
         with self._lock:
+            if self._info is None:
+                self._info = _xgr().TokenizerInfo.from_huggingface(self.hf_tokenizer, vocab_size=self.vocab_size,
+                                                                   stop_token_ids=self.eos_token_ids)
+            return self._info
+
+    def _get_compiler(self) -> Any:
+        info = self._get_info()
+        with self._lock:
             if self._compiler is None:
-                xgr = _xgr()
-                info = xgr.TokenizerInfo.from_huggingface(self.hf_tokenizer, vocab_size=self.vocab_size,
-                                                          stop_token_ids=self.eos_token_ids)
                 # Our own bounded cache below; xgrammar's would grow without limit.
-                self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
+                self._compiler = _xgr().GrammarCompiler(info, max_threads=2, cache_enabled=False)
             return self._compiler
+
+    def _get_pool(self) -> CompilePool:
+        info = self._get_info()
+        with self._lock:
+            if self._pool is None:
+                self._pool = CompilePool(info.serialize_json(), self.compile_processes, max_threads=2)
+            return self._pool
+
+    def close(self) -> None:
+        """Stop the compile children (they also exit by themselves when this process does)."""
+        if self._pool is not None:
+            self._pool.close()
 
     def compile(self, spec: StructuredOutputs) -> Any:
         """The compiled grammar for `spec`; ValueError naming `spec.source` if it is not valid."""
@@ -67,7 +103,7 @@ class GrammarBackend:
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-        compiled = self._compile(self._get_compiler(), spec)
+        compiled = self._compile(spec) if self.compile_timeout is None else self._compile_isolated(spec)
         with self._lock:
             self._cache[key] = compiled
             self._cache.move_to_end(key)
@@ -76,11 +112,28 @@ class GrammarBackend:
             self.num_compiled += 1
         return compiled
 
-    @staticmethod
-    def _compile(compiler: Any, spec: StructuredOutputs) -> Any:
+    def _compile_isolated(self, spec: StructuredOutputs) -> Any:
+        """In a child process, killed at the deadline; ValueError naming `spec.source` if it overruns."""
+        timeout, src, what = self.compile_timeout, spec.source, _WHAT[spec.kind]
+        assert timeout is not None
+        kind, text = spec.kind, {"json": spec.json, "regex": spec.regex, "grammar": spec.grammar}.get(spec.kind)
+        if kind == "choice":
+            kind, text = "grammar", _choice_grammar(spec.choice or ())
+        try:
+            # Waiting for a busy child is bounded too (CompileBusy is a QueueFullError: 429, retry).
+            serialized = self._get_pool().compile(kind, text or "", timeout, wait=timeout)
+        except CompileTimeout:
+            raise ValueError(f"{src}: the {what} did not compile within {timeout:g} s, this worker's limit; "
+                             "simplify it (fewer distinct maxLength/maxItems bounds, smaller repetition counts, "
+                             "fewer alternatives)") from None
+        except CompileFailed as exc:
+            raise ValueError(f"{src}: invalid {what}: {_clean(str(exc))}") from None
+        return _xgr().CompiledGrammar.deserialize_json(serialized, self._get_info())
+
+    def _compile(self, spec: StructuredOutputs) -> Any:
+        compiler = self._get_compiler()
         kind, src = spec.kind, spec.source
-        what = {"json": "JSON schema", "json_object": "JSON schema", "regex": "regex", "choice": "choice",
-                "grammar": "grammar"}[kind]
+        what = _WHAT[kind]
         try:
             if kind == "json":
                 return compiler.compile_json_schema(spec.json, any_whitespace=False)
@@ -89,12 +142,10 @@ class GrammarBackend:
             if kind == "regex":
                 return compiler.compile_regex(spec.regex)
             if kind == "choice":
-                # EBNF string literals take JSON's escapes, so any choice text is spelled exactly.
-                return compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in spec.choice))
+                return compiler.compile_grammar(_choice_grammar(spec.choice))
             return compiler.compile_grammar(spec.grammar)
         except (RuntimeError, ValueError, TypeError) as exc:
-            message = _XGR_PREFIX.sub("", str(exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ValueError(f"{src}: invalid {what}: {message}") from None
+            raise ValueError(f"{src}: invalid {what}: {_clean(str(exc)) or type(exc).__name__}") from None
 
     def matcher(self, spec: StructuredOutputs, output_token_ids: list[int]) -> Matcher:
         """A matcher at the state after `output_token_ids` (none for a new request)."""
@@ -112,6 +163,16 @@ class GrammarBackend:
         """logits[r] keeps only the tokens bitmask[r] allows (others become -inf), for r in rows; in place.
         bitmask has as many rows as logits (xgrammar indexes both by r)."""
         _xgr().apply_token_bitmask_inplace(logits, bitmask, indices=rows)
+
+
+def _choice_grammar(choice: tuple[str, ...]) -> str:
+    # EBNF string literals take JSON's escapes, so any choice text is spelled exactly.
+    return "root ::= " + " | ".join(json.dumps(c) for c in choice)
+
+
+def _clean(message: str) -> str:
+    """xgrammar's message without its "[time] file.cc:line:" prefix, first line only."""
+    return _XGR_PREFIX.sub("", message).strip().splitlines()[0] if message.strip() else ""
 
 
 class Matcher:
