@@ -11,9 +11,10 @@ Choices (kept where a request is silent, as vLLM users would expect):
 - `json_object` (OpenAI's JSON mode) is any JSON *object*, as at OpenAI, not any JSON value.
 - A matcher is rebuilt for a preempted request from its output tokens: the grammar state is a
   function of them, so recompute-preemption needs no saved state.
-- Compiles have a deadline (`compile_timeout`, 10 s by default): they run in a child process that
-  is killed when it overruns (compile_process.py), and the request gets a ValueError naming its
-  field (a 400 from the worker). `compile_timeout=None` compiles in-process with no deadline.
+- Compiles have a deadline (`compile_timeout`, 10 s by default): a grammar is first compiled in a
+  child process that is killed when it overruns (compile_process.py; the request gets a ValueError
+  naming its field, a 400 from the worker), then, having proved it finishes in time, here.
+  `compile_timeout=None` skips the child: in-process only, no deadline.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class GrammarBackend:
         return compiled
 
     def _compile_isolated(self, spec: StructuredOutputs) -> Any:
-        """In a child process, killed at the deadline; ValueError naming `spec.source` if it overruns."""
+        """First in a child process, killed at the deadline (ValueError naming `spec.source`), then here."""
         timeout, src, what = self.compile_timeout, spec.source, _WHAT[spec.kind]
         assert timeout is not None
         kind, text = spec.kind, {"json": spec.json, "regex": spec.regex, "grammar": spec.grammar}.get(spec.kind)
@@ -121,14 +122,14 @@ class GrammarBackend:
             kind, text = "grammar", _choice_grammar(spec.choice or ())
         try:
             # Waiting for a busy child is bounded too (CompileBusy is a QueueFullError: 429, retry).
-            serialized = self._get_pool().compile(kind, text or "", timeout, wait=timeout)
+            self._get_pool().compile(kind, text or "", timeout, wait=timeout)
         except CompileTimeout:
             raise ValueError(f"{src}: the {what} did not compile within {timeout:g} s, this worker's limit; "
                              "simplify it (fewer distinct maxLength/maxItems bounds, smaller repetition counts, "
                              "fewer alternatives)") from None
         except CompileFailed as exc:
             raise ValueError(f"{src}: invalid {what}: {_clean(str(exc))}") from None
-        return _xgr().CompiledGrammar.deserialize_json(serialized, self._get_info())
+        return self._compile(spec)
 
     def _compile(self, spec: StructuredOutputs) -> Any:
         compiler = self._get_compiler()

@@ -4,8 +4,9 @@ Run as a script (`python compile_child.py <max_threads>`), not as a module of th
 imports xgrammar and the standard library only. Frames on stdin/stdout are an 8-byte big-endian
 length and a payload. In: the tokenizer info (xgrammar's JSON), then one JSON request per compile
 ({"kind": json | json_object | regex | grammar, "text": ...}). Out: b"R" once ready, then per
-request b"O" + the compiled grammar's JSON or b"E" + xgrammar's error message. The parent kills this
-process when a compile overruns its deadline; it exits by itself when stdin closes.
+request b"O" (it compiled; the grammar itself stays here, see compile_process.py) or b"E" +
+xgrammar's error message. The parent kills this process when a compile overruns its deadline; it
+exits by itself when stdin closes.
 """
 
 from __future__ import annotations
@@ -56,17 +57,17 @@ def main() -> None:
         kind, text = req["kind"], req["text"]
         try:
             if kind == "json":
-                compiled = compiler.compile_json_schema(text, any_whitespace=False)
+                compiler.compile_json_schema(text, any_whitespace=False)
             elif kind == "json_object":
-                compiled = compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
+                compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
             elif kind == "regex":
-                compiled = compiler.compile_regex(text)
+                compiler.compile_regex(text)
             else:
-                compiled = compiler.compile_grammar(text)
+                compiler.compile_grammar(text)
         except (RuntimeError, ValueError, TypeError) as exc:
             _send(out, b"E" + (str(exc).strip() or type(exc).__name__).encode())
             continue
-        _send(out, b"O" + compiled.serialize_json().encode())
+        _send(out, b"O")
 
 
 if __name__ == "__main__":

