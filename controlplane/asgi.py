@@ -1,8 +1,10 @@
 """ASGI entry point: `uvicorn controlplane.asgi:application`.
 
 /v1/ (the OpenAI-compatible gateway) goes to a lean handler without middleware; everything else
-(admin, management API) to Django's standard handler. This wrapper also answers ASGI lifespan events (which Django does not) so that a
-shutting-down gateway first finishes its pending usage accounting and closes its worker pool.
+(admin, management API) to Django's standard handler behind the body cap (controlplane/bodylimit.py:
+a 413 before an oversized body is read; the gateway's handler applies the same cap itself). This
+wrapper also answers ASGI lifespan events (which Django does not) so that a shutting-down gateway
+first finishes its pending usage accounting and closes its worker pool.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings.base")
 
 django_application = get_asgi_application()  # sets Django up
 
-from controlplane.gateway.handler import GatewayHandler  # noqa: E402  (needs Django set up)
+from controlplane.bodylimit import capped  # noqa: E402  (needs Django set up)
+from controlplane.gateway.handler import GatewayHandler  # noqa: E402
+
+management_application = capped(django_application)
 
 gateway_application = GatewayHandler()
 
@@ -44,4 +49,4 @@ async def application(scope, receive, send):
     elif scope["type"] == "http" and scope["path"].startswith("/v1/"):
         await gateway_application(scope, receive, send)  # the hot path: see gateway/handler.py
     else:
-        await django_application(scope, receive, send)
+        await management_application(scope, receive, send)

@@ -8,16 +8,70 @@ request_started/finished signals through sync_to_async too. Measured with the fa
 OpenAI endpoints need none of it: no sessions, cookies, CSRF or messages (the caller is a bearer
 key), and their database work goes through controlplane.asyncdb.db_call, which manages its own
 connections. Client disconnects are still detected and cancel the view, as in Django.
+
+Bodies are capped (TESSERA_MAX_REQUEST_BYTES, controlplane/bodylimit.py) before they are read: a
+declared Content-Length over the cap is a 413 at once, a chunked body is read in memory up to the
+cap and refused as soon as it passes it. A request with a body must also show a well-formed bearer
+key before the body is read, and a large (or chunked) one a key that exists, so an anonymous
+client cannot make the gateway take in megabytes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
+import logging
+import uuid
 
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
 from django.urls import set_script_prefix
+
+from controlplane import bodylimit
+from controlplane.errors import ApplicationError
+
+log = logging.getLogger("tessera.gateway")
+
+# Bodies above this (or of unknown size) are read only once the key has been looked up, not just
+# seen to be well formed; below it, reading costs less than a second lookup would.
+AUTH_BEFORE_READING_BYTES = 64 * 1024
+
+
+def _request_id() -> str:
+    return f"req_{uuid.uuid4().hex}"  # the same form as proxy.new_request_id
+
+
+async def _send_error(send, exc: ApplicationError) -> None:
+    await bodylimit.send_json(send, exc.status, exc.openai_body(), {**exc.headers, "x-request-id": _request_id()})
+
+
+def _too_large() -> ApplicationError:
+    return ApplicationError(bodylimit.too_large_message(), code=bodylimit.TOO_LARGE_CODE, status=413,
+                            type="invalid_request_error")
+
+
+async def _authenticate_before_reading(scope, length: int | None) -> None:
+    """Refuse (ApplicationError) a request whose key cannot be valid, without reading its body. The
+    view authenticates again (from the process cache when it is on)."""
+    from tenants import auth
+
+    header = None
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"authorization":
+            header = value.decode("latin-1")
+            break
+    secret = auth.bearer_secret(header)
+    if not auth.looks_like_key(secret):
+        raise auth.invalid_key()
+    if length is not None and length <= AUTH_BEFORE_READING_BYTES:
+        return
+    hit, principal = auth.cached_lookup(secret)
+    if not hit:
+        from controlplane.asyncdb import db_call
+
+        principal = await db_call(auth.lookup, secret)
+    auth.check(principal)
 
 
 class GatewayHandler(ASGIHandler):
@@ -31,15 +85,37 @@ class GatewayHandler(ASGIHandler):
         await self.handle(scope, receive, send)
 
     async def handle(self, scope, receive, send) -> None:
+        cap = bodylimit.limit()
         try:
-            body_file = await self.read_body(receive)
+            length = bodylimit.declared_length(scope)
+        except ValueError:
+            await _send_error(send, ApplicationError("The Content-Length header is not a number.",
+                                                     code="invalid_content_length", status=400))
+            return
+        if length is not None and length > cap:
+            await _send_error(send, _too_large())
+            return
+        if bodylimit.may_have_body(scope, length):
+            try:
+                await _authenticate_before_reading(scope, length)
+            except ApplicationError as exc:
+                await _send_error(send, exc)
+                return
+            except Exception:  # the database is down, say: the view decides, after reading the body
+                log.warning("key lookup before reading the body failed", exc_info=True)
+        try:
+            body_file = io.BytesIO(await bodylimit.read_capped(receive, cap))
         except RequestAborted:
+            return
+        except bodylimit.BodyTooLarge:
+            await _send_error(send, _too_large())
             return
         set_script_prefix(get_script_prefix(scope))
         request, error_response = self.create_request(scope, body_file)
-        if request is None:
+        if request is None:  # an undecodable path or header: Django's 400, in OpenAI's shape
             body_file.close()
-            await self.send_response(error_response, send)
+            await _send_error(send, ApplicationError(f"Bad request ({error_response.status_code}).",
+                                                     code="invalid_request", status=error_response.status_code))
             return
 
         async def process_request() -> None:

@@ -1,8 +1,15 @@
 """Reading an OpenAI request body just enough to route, limit and meter it.
 
+Every field the gateway reads is type-checked here, and a wrong one is a 400 in OpenAI's shape
+naming the field (`messages[2].content[0].text`), never a 500. Fields the gateway does not read
+pass through untouched: the worker validates the whole body (dataplane/worker/protocol.py).
+
 The body is forwarded as sent (re-encoded only when streaming, to ask the worker for usage).
-The gateway has no tokenizer: the prompt is estimated from its UTF-8 size, erring high
-(3 bytes per token, + 8 per message), so a reservation rarely falls short; settle corrects it.
+The gateway has no tokenizer: the prompt is estimated from the UTF-8 size of everything the
+worker renders, erring high (3 bytes per token): message contents, roles, names, tool-call ids,
+assistant `tool_calls` and `tools` (as JSON), + 8 tokens per message and, per chat request, the
+chat template's own overhead (TESSERA_CHAT_TEMPLATE_TOKENS: default system prompt, markers).
+The reservation is that estimate + max_tokens × n, so it rarely falls short; settle corrects it.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from controlplane.errors import ApplicationError
 BYTES_PER_TOKEN = 3
 TOKENS_PER_MESSAGE = 8
 AFFINITY_CHARS = 2048  # how much of a completions prompt identifies its prefix
+MAX_N = 128  # OpenAI's limit on choices per request
+MAX_TOKENS_LIMIT = 2**31 - 1  # int32, as OpenAI's API; keeps every reservation within a bigint
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,26 +51,137 @@ def invalid(message: str, param: str | None = None, code: str = "invalid_request
     return ApplicationError(message, code=code, status=400, param=param)
 
 
-def _positive_int(body: dict, name: str) -> int | None:
+def _type_error(param: str, expected: str) -> ApplicationError:
+    return invalid(f"Invalid type for '{param}': expected {expected}.", param, "invalid_type")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive_int(body: dict, name: str, limit: int = MAX_TOKENS_LIMIT) -> int | None:
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise invalid(f"'{name}' must be a positive integer.", name, "invalid_value")
+    if not _is_int(value):
+        raise _type_error(name, "an integer")
+    if not 1 <= value <= limit:
+        raise invalid(f"Invalid value for '{name}': expected an integer from 1 to {limit}, got {value}.", name,
+                      "invalid_value")
     return value
 
 
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
+def _optional(body: dict, name: str, kind: type, expected: str, param: str | None = None) -> Any:
+    value = body.get(name)
+    if value is not None and (not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))):
+        raise _type_error(param or name, expected)
+    return value
 
 
 def estimate_tokens(text: str | bytes) -> int:
-    size = len(text.encode() if isinstance(text, str) else text)
-    return -(-size // BYTES_PER_TOKEN)
+    return -(-_size(text) // BYTES_PER_TOKEN)
+
+
+def _size(text: str | bytes) -> int:
+    # A str from orjson is always encodable (it refuses lone surrogates), but be safe: count them too.
+    return len(text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text)
+
+
+def _json_size(value: Any) -> int:
+    """What a template renders of a JSON value; +1 byte per separator for the spaces json.dumps adds."""
+    raw = orjson.dumps(value)
+    return len(raw) + raw.count(b",") + raw.count(b":")
+
+
+def _content(content: Any, param: str) -> str:
+    """A message's text: a string, null, or an array of content parts whose text is a string."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise _type_error(param, "a string, null or an array of content parts")
+    texts = []
+    for j, part in enumerate(content):
+        where = f"{param}[{j}]"
+        if not isinstance(part, dict):
+            raise _type_error(where, "a content part object")
+        kind = part.get("type")
+        if not isinstance(kind, str):
+            raise _type_error(f"{where}.type", "a string")
+        text = part.get("text")
+        if kind == "text" and not isinstance(text, str):
+            raise _type_error(f"{where}.text", "a string")
+        if text is not None and not isinstance(text, str):
+            raise _type_error(f"{where}.text", "a string")
+        texts.append(text or "")
+    return "".join(texts)
+
+
+def _message_bytes(i: int, message: Any) -> tuple[str, str, int]:
+    """(role, text, bytes the template renders) of messages[i], type-checking what the gateway reads."""
+    param = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise _type_error(param, "a message object")
+    role = message.get("role")
+    if role is None:
+        raise invalid(f"Missing required parameter: '{param}.role'.", f"{param}.role", "missing_required_parameter")
+    if not isinstance(role, str):
+        raise _type_error(f"{param}.role", "a string")
+    text = _content(message.get("content"), f"{param}.content")
+    size = _size(role) + _size(text)
+    for field in ("name", "tool_call_id"):
+        value = _optional(message, field, str, "a string", f"{param}.{field}")
+        size += _size(value or "")
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+            raise _type_error(f"{param}.tool_calls", "an array of tool call objects")
+        size += _json_size(calls)
+    return role, text, size
+
+
+def _chat(body: dict) -> tuple[int, bytes, int | None]:
+    messages = body.get("messages")
+    if messages is None:
+        raise invalid("Missing required parameter: 'messages'.", "messages", "missing_required_parameter")
+    if not isinstance(messages, list):
+        raise _type_error("messages", "an array of message objects")
+    if not messages:
+        raise invalid("'messages' must contain at least one message.", "messages", "invalid_value")
+    size = 0
+    first_role = first_text = ""
+    for i, message in enumerate(messages):
+        role, text, message_size = _message_bytes(i, message)
+        if i == 0:
+            first_role, first_text = role, text
+        size += message_size
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise _type_error("tools", "an array of tool objects")
+        size += _json_size(tools)
+    estimate = (-(-size // BYTES_PER_TOKEN) + TOKENS_PER_MESSAGE * len(messages)
+                + settings.TESSERA_CHAT_TEMPLATE_TOKENS)
+    prefix = f"{first_role}\x00{first_text}".encode("utf-8", "surrogatepass")
+    max_completion = _positive_int(body, "max_completion_tokens") or _positive_int(body, "max_tokens")
+    return estimate, prefix, max_completion
+
+
+def _completions(body: dict) -> tuple[int, bytes, int]:
+    """(estimate, prefix, prompts): a string, strings, token ids or arrays of token ids, as the worker takes."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return estimate_tokens(prompt), prompt[:AFFINITY_CHARS].encode("utf-8", "surrogatepass"), 1
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return sum(estimate_tokens(p) for p in prompt), prompt[0][:AFFINITY_CHARS].encode("utf-8", "surrogatepass"), len(prompt)
+        if all(_is_int(p) for p in prompt):  # token ids: count them, not their digits
+            return len(prompt), ",".join(map(str, prompt[:AFFINITY_CHARS])).encode(), 1
+        if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
+            return sum(map(len, prompt)), ",".join(map(str, prompt[0][:AFFINITY_CHARS])).encode(), len(prompt)
+    if prompt is None:
+        raise invalid("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter")
+    raise invalid("'prompt' must be a string, an array of strings, an array of token ids or an array of "
+                  "token-id arrays, and not empty.", "prompt", "invalid_type")
 
 
 def parse(raw: bytes, kind: str) -> ParsedRequest:
@@ -74,39 +194,16 @@ def parse(raw: bytes, kind: str) -> ParsedRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("you must provide a model parameter", "model", "missing_required_parameter")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise invalid("'stream' must be a boolean.", "stream", "invalid_type")
-    options = body.get("stream_options") or {}
-    wants_usage = bool(isinstance(options, dict) and options.get("include_usage"))
-    n = _positive_int(body, "n") or 1
+    stream = bool(_optional(body, "stream", bool, "a boolean"))
+    options = _optional(body, "stream_options", dict, "an object or null") or {}
+    wants_usage = bool(_optional(options, "include_usage", bool, "a boolean", "stream_options.include_usage"))
+    n = _positive_int(body, "n", MAX_N) or 1
 
     if kind == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise invalid("'messages' must be a non-empty array of message objects.", "messages")
-        texts = [_text_of(m.get("content")) for m in messages]
-        prompt_estimate = sum(estimate_tokens(t) + TOKENS_PER_MESSAGE for t in texts)
-        prefix = f"{messages[0].get('role', '')}\x00{texts[0]}".encode()
-        max_completion = _positive_int(body, "max_completion_tokens") or _positive_int(body, "max_tokens")
+        prompt_estimate, prefix, max_completion = _chat(body)
     else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, str):
-            prompt_text = prompt
-        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-            prompt_text = prompt[0]
-            n *= len(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
-            prompt_text = ",".join(map(str, prompt))  # token ids: count them, not their digits
-        else:
-            raise invalid("'prompt' must be a string, an array of strings or an array of token ids.", "prompt")
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-            prompt_estimate = len(prompt)
-        elif isinstance(prompt, list):
-            prompt_estimate = sum(estimate_tokens(p) for p in prompt)
-        else:
-            prompt_estimate = estimate_tokens(prompt_text)
-        prefix = prompt_text[:AFFINITY_CHARS].encode()
+        prompt_estimate, prefix, prompts = _completions(body)
+        n *= prompts
         max_completion = _positive_int(body, "max_tokens")
     if max_completion is None:
         max_completion = settings.TESSERA_DEFAULT_MAX_TOKENS

@@ -129,6 +129,14 @@ TESSERA_UPSTREAM_CONNECT_TIMEOUT = float(os.environ.get("TESSERA_UPSTREAM_CONNEC
 TESSERA_UPSTREAM_READ_TIMEOUT = float(os.environ.get("TESSERA_UPSTREAM_READ_TIMEOUT", "300"))
 # Completion tokens reserved against tokens/min and budgets when a request omits max_tokens.
 TESSERA_DEFAULT_MAX_TOKENS = int(os.environ.get("TESSERA_DEFAULT_MAX_TOKENS", "1024"))
+# Prompt tokens a chat template adds per request on top of the messages (markers, a default
+# system prompt: SmolLM2's is ~20 tokens), counted in every chat request's prompt estimate.
+TESSERA_CHAT_TEMPLATE_TOKENS = int(os.environ.get("TESSERA_CHAT_TEMPLATE_TOKENS", "32"))
+# The largest request body accepted anywhere (/v1, /api, /admin): bigger is a 413 before it is read.
+TESSERA_MAX_REQUEST_BYTES = int(os.environ.get("TESSERA_MAX_REQUEST_BYTES", str(4 * 1024 * 1024)))
+# Django's own limit on what request.body / request.POST may hold: the same cap (its default, 2.5 MB,
+# was a RequestDataTooBig, i.e. a 500, for a body the gateway meant to accept).
+DATA_UPLOAD_MAX_MEMORY_SIZE = TESSERA_MAX_REQUEST_BYTES
 # Where usage events go (dotted path to a callable taking event=UsageEvent).
 TESSERA_USAGE_SINK = os.environ.get("TESSERA_USAGE_SINK", "billing.services.usage_record_ingest")
 # "inline": each gateway process writes the ledger from a background thread (batched).
