@@ -1,5 +1,6 @@
 """Settings shared by every environment; all of it can be overridden from the environment."""
 
+import json
 import os
 from pathlib import Path
 
@@ -153,6 +154,21 @@ TESSERA_RESERVATION_TTL_SECONDS = int(os.environ.get("TESSERA_RESERVATION_TTL_SE
 TESSERA_USAGE_SWEEP_MIN_AGE_SECONDS = float(os.environ.get("TESSERA_USAGE_SWEEP_MIN_AGE_SECONDS", "60"))
 TESSERA_USAGE_SWEEP_GIVE_UP_SECONDS = float(
     os.environ.get("TESSERA_USAGE_SWEEP_GIVE_UP_SECONDS", str(TESSERA_RESERVATION_TTL_SECONDS)))
+
+# --- Billing and Stripe (docs/billing.md) ------------------------------------------------------------
+BILLING_ROUNDING = os.environ.get("BILLING_ROUNDING", "ROUND_HALF_UP")
+BILLING_DEFAULT_CURRENCY = os.environ.get("BILLING_DEFAULT_CURRENCY", "usd")
+# Empty: Stripe sync is off (invoicing still works locally).
+STRIPE_API_KEY = os.environ.get("STRIPE_API_KEY", "")
+STRIPE_API_BASE = os.environ.get("STRIPE_API_BASE", "")  # the SDK's API base (tests, proxies)
+# Empty: the webhook answers 503.
+STRIPE_WEBHOOK_SECRET = os.environ.get("STRIPE_WEBHOOK_SECRET", "")
+STRIPE_WEBHOOK_TOLERANCE = int(os.environ.get("STRIPE_WEBHOOK_TOLERANCE", "300"))
+STRIPE_MAX_NETWORK_RETRIES = int(os.environ.get("STRIPE_MAX_NETWORK_RETRIES", "2"))
+# JSON, e.g. {"input": "my_input_tokens"}: overrides of billing.stripe_sync.DEFAULT_METER_EVENT_NAMES.
+STRIPE_METER_EVENT_NAMES = json.loads(os.environ.get("STRIPE_METER_EVENT_NAMES") or "{}")
+STRIPE_COLLECTION_METHOD = os.environ.get("STRIPE_COLLECTION_METHOD", "send_invoice")
+STRIPE_DAYS_UNTIL_DUE = int(os.environ.get("STRIPE_DAYS_UNTIL_DUE", "30"))
 
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
