@@ -6,7 +6,8 @@
     GET    /v1/models                                        the base model, then one card per adapter
 
 A request selects an adapter by putting its registered name in OpenAI's `model` field; the
-gateway decides which tenant may name which adapter. Reading and checking an adapter runs on a
+gateway decides which tenant may name which adapter. With `--adapter-root` set, a path that
+resolves (after `..` and symlinks) outside that folder is refused (400 adapter_outside_root). Reading and checking an adapter runs on a
 worker thread, so loading one never holds up the engine's decode steps.
 """
 
@@ -27,6 +28,7 @@ from starlette.routing import Route
 from dataplane.engine.async_llm import AsyncLLM, EngineDeadError
 from dataplane.lora.manager import LoRAStats
 from dataplane.worker import errors
+from dataplane.worker.adapter_root import OutsideAdapterRoot, resolve_in_root
 from dataplane.worker.metrics import P
 
 if TYPE_CHECKING:
@@ -80,8 +82,15 @@ def routes(state: WorkerState, authorize: Callable[[Request], None]) -> list[Rou
             if not isinstance(body, dict) or not isinstance(body.get("name"), str) \
                     or not isinstance(body.get("path"), str):
                 raise errors.invalid("name and path: both are required strings.", "name")
+            path = body["path"]
+            if state.config.adapter_root:  # --adapter-root: nothing outside it, whoever asks
+                try:
+                    path = str(resolve_in_root(path, state.config.adapter_root))
+                except OutsideAdapterRoot:
+                    raise errors.invalid("path: outside this worker's adapter root (--adapter-root).", "path",
+                                         "adapter_outside_root") from None
             try:
-                await llm.add_adapter(body["name"], body["path"])
+                await llm.add_adapter(body["name"], path)
             except ValueError as exc:
                 raise errors.invalid(_strip(str(exc)), "name" if "name" in str(exc) else "path",
                                      "invalid_adapter") from None

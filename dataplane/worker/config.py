@@ -54,6 +54,8 @@ class WorkerConfig:
     max_loras: int = 4  # adapters in device slots at once (distinct adapters per step)
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # registered adapters at most (default 16 x max_loras)
+    # adapters load only from inside this folder (after `..` and symlinks); empty: no local adapter paths
+    adapter_root: str = ""
     # admission and limits
     max_waiting: int = 128  # engine requests queued beyond this answer 429
     # Per-priority waiting limits, "priority=limit" pairs: a request whose priority is >= a key is

@@ -128,3 +128,19 @@ def test_worker_flags():
     assert "enable_lora" not in load_config(["--model", "m"], env={}).engine_kwargs()
     with pytest.raises(ValueError, match="^max_lora_rank:"):
         load_config(["--model", "m", "--enable-lora", "--max-lora-rank", "128"], env={})
+
+
+async def test_the_adapter_route_refuses_paths_outside_the_adapter_root(tmp_path):
+    root = tmp_path / "root"
+    (root / "acme" / "a").mkdir(parents=True)
+    (root / "acme" / "out").symlink_to(tmp_path)
+    engine = FakeLoRAEngine()
+    state = WorkerState(WorkerConfig(model="fake", adapter_root=str(root)), engine)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(state)), base_url="http://w")
+    for path in ("/etc", str(root / ".." / "x"), str(root / "acme" / "out"), "../x", str(root)):
+        r = await client.post("/v1/adapters", json={"name": "x", "path": path})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "adapter_outside_root", path
+    assert engine.adapters == {}
+    r = await client.post("/v1/adapters", json={"name": "a", "path": "acme/a"})
+    assert r.status_code == 200 and engine.adapters == {"a": str(root / "acme" / "a")}
+    assert load_config(["--model", "m", "--adapter-root", str(root)]).adapter_root == str(root)
