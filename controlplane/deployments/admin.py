@@ -9,7 +9,7 @@ from django.utils.html import format_html
 
 from controlplane.errors import ApplicationError
 
-from . import reconciler, services
+from . import adapter_store, reconciler, services
 from .models import Adapter, AdapterPlacement, Deployment, Model, Replica, ReplicaStatus, Worker, WorkerStatus
 
 STATUS_COLOURS = {"ready": "#2e7d32", "loading": "#1565c0", "starting": "#1565c0", "pending": "#6d6d6d",
@@ -44,22 +44,44 @@ class PlacementInline(admin.TabularInline):
     model = AdapterPlacement
     extra = 0
     can_delete = False
-    fields = ("replica", "status", "reason", "attempt", "failures", "updated_at")
+    fields = ("replica", "status", "reason", "error_kind", "attempt", "failures", "updated_at")
     readonly_fields = fields
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
 
 
+class AdapterForm(forms.ModelForm):
+    """Adds go through services.adapter_create: the same store check and per-tenant cap as the API."""
+
+    class Meta:
+        model = Adapter
+        fields = "__all__"
+
+    def clean(self):
+        data = super().clean()
+        if self.instance.pk is None and data.get("tenant") is not None and data.get("source"):
+            try:
+                data["source"] = adapter_store.adapter_source_normalize(tenant=data["tenant"], source=data["source"])
+            except ApplicationError as exc:
+                self.add_error("source", exc.message)
+        return data
+
+
 @admin.register(Adapter)
 class AdapterAdmin(admin.ModelAdmin):
+    form = AdapterForm
     list_display = ("served_name", "tenant", "base_model", "rank", "status_badge", "updated_at")
     list_filter = ("status", "base_model", "tenant")
     search_fields = ("name", "served_name", "tenant__slug")
     list_select_related = ("tenant", "base_model")
-    readonly_fields = ("served_name", "status", "reason", "created_at", "updated_at")
+    readonly_fields = ("served_name", "status", "reason", "reason_detail", "created_at", "updated_at")
     inlines = (PlacementInline,)
     actions = ("delete_through_service",)
+
+    def get_readonly_fields(self, request, obj=None):
+        # A registered adapter's tenant and source stay as checked (delete and register again to move it).
+        return self.readonly_fields + (("tenant", "source") if obj is not None else ())
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, adapter: Adapter):
@@ -69,9 +91,20 @@ class AdapterAdmin(admin.ModelAdmin):
         if change:
             super().save_model(request, obj, form, change)
             return
-        created = services.adapter_create(tenant=obj.tenant, name=obj.name, base_model=obj.base_model,
-                                          source=obj.source, rank=obj.rank)
+        try:
+            created = services.adapter_create(tenant=obj.tenant, name=obj.name, base_model=obj.base_model,
+                                              source=obj.source, rank=obj.rank)
+        except ApplicationError as exc:  # the cap, a duplicate name: said on the page, nothing saved
+            self.message_user(request, exc.message, messages.ERROR)
+            return
         obj.pk, obj.served_name, obj._state.adding = created.pk, created.served_name, False
+
+    def response_add(self, request, obj, post_url_continue=None):
+        if obj.pk is None:  # refused by the service
+            from django.http import HttpResponseRedirect
+
+            return HttpResponseRedirect(request.path)
+        return super().response_add(request, obj, post_url_continue)
 
     @admin.action(description="Unload and delete the selected adapters")
     def delete_through_service(self, request, queryset):
@@ -87,7 +120,7 @@ class WorkerAdmin(admin.ModelAdmin):
     list_filter = ("status", "cordoned", "accelerator")
     search_fields = ("name", "url")
     readonly_fields = [f.name for f in Worker._meta.fields]
-    actions = ("drain", "uncordon", "mark_dead")
+    actions = ("drain", "uncordon", "mark_dead", "release")
 
     def has_add_permission(self, request) -> bool:
         return False  # workers register themselves
@@ -123,6 +156,12 @@ class WorkerAdmin(admin.ModelAdmin):
         for worker in queryset.exclude(status=WorkerStatus.DEAD):
             services.worker_mark_dead(worker=worker, reason=f"marked dead by {request.user}")
         _report(self, request, len(queryset), "worker(s) marked dead", [])
+
+    @admin.action(description="Release the registration: another process may register under this name")
+    def release(self, request, queryset):
+        for worker in queryset:
+            services.worker_release(worker=worker, reason=f"registration released by {request.user}")
+        _report(self, request, len(queryset), "worker registration(s) released", [])
 
 
 class ReplicaInline(admin.TabularInline):

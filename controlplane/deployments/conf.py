@@ -9,6 +9,10 @@
 | TESSERA_REPLICA_RETRY_SECONDS | 10 | backoff after the first failure; doubles per failure, at most 300 s |
 | TESSERA_REPLICA_LOAD_TIMEOUT_SECONDS | 900 | a load not finished after this counts as failed |
 | TESSERA_REPLICA_REDISPATCH_SECONDS | 30 | a load its worker does not report as started is sent again after this |
+| TESSERA_MAX_ADAPTERS_PER_TENANT | 8 | adapters one tenant may register (LoRA slots are shared by every tenant) |
+| TESSERA_ADAPTER_ROOT | empty: no local sources | the adapter store on the workers; tenant T's sources live under `<root>/<T>/` |
+| TESSERA_ADAPTER_SOURCES | empty: no URIs | comma-separated URI prefixes (`s3://bucket[/prefix]`); tenant T's under `<prefix>/<T>/` |
+| TESSERA_INTERNAL_TOKEN | empty: loopback only | the bearer token of `/internal/v1/` (workers only; not the gateway's worker token) |
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ DEFAULTS: dict[str, float] = {
     "TESSERA_REPLICA_RETRY_SECONDS": 10,
     "TESSERA_REPLICA_LOAD_TIMEOUT_SECONDS": 900,
     "TESSERA_REPLICA_REDISPATCH_SECONDS": 30,
+    "TESSERA_MAX_ADAPTERS_PER_TENANT": 8,
 }
+STR_DEFAULTS: dict[str, str] = {"TESSERA_ADAPTER_ROOT": "", "TESSERA_ADAPTER_SOURCES": "", "TESSERA_INTERNAL_TOKEN": ""}
 MAX_RETRY_SECONDS = 300
 MAX_REDISPATCHES = 3
 
@@ -35,6 +41,13 @@ def get(name: str) -> float:
     if value is None:
         value = os.environ.get(name) or DEFAULTS[name]
     return float(value)
+
+
+def get_str(name: str) -> str:
+    value = getattr(settings, name, None)
+    if value is None:
+        value = os.environ.get(name, STR_DEFAULTS[name])
+    return str(value)
 
 
 def retry_delay(failures: int) -> float:

@@ -82,10 +82,12 @@ class Adapter(models.Model):
     # The id clients send as `model`: "<tenant slug>:<name>", unique platform-wide.
     served_name = models.CharField(max_length=140, unique=True, editable=False)
     base_model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="adapters")
-    source = models.CharField(max_length=500, help_text="A PEFT adapter directory on the worker, or an object-store URI.")
+    source = models.CharField(max_length=500, help_text="Inside the tenant's adapter store (adapter_store.py): "
+                              "<TESSERA_ADAPTER_ROOT>/<tenant>/..., or an allowed URI prefix /<tenant>/....")
     rank = models.PositiveSmallIntegerField(default=8)
     status = models.CharField(max_length=16, choices=AdapterStatus.choices, default=AdapterStatus.PENDING)
-    reason = models.TextField(blank=True)
+    reason = models.TextField(blank=True, help_text="What the tenant is told (never the worker's paths).")
+    reason_detail = models.TextField(blank=True, help_text="Operators only: the worker's own words.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -226,7 +228,9 @@ class AdapterPlacement(models.Model):
     adapter = models.ForeignKey(Adapter, on_delete=models.CASCADE, related_name="placements")
     replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="adapter_placements")
     status = models.CharField(max_length=16, choices=PlacementStatus.choices, default=PlacementStatus.PENDING)
-    reason = models.TextField(blank=True)
+    reason = models.TextField(blank=True, help_text="Operators only: the worker's own words.")
+    # not_found / invalid / too_large / error: picks the tenant's wording (adapter_store.PUBLIC_REASONS).
+    error_kind = models.CharField(max_length=16, blank=True)
     attempt = models.PositiveIntegerField(default=0)
     failures = models.PositiveIntegerField(default=0)
     retry_at = models.DateTimeField(null=True, blank=True)

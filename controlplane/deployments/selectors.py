@@ -99,13 +99,14 @@ def replica_spec(*, worker: Worker, replica_id: int) -> dict:
 
 
 def placement_spec(*, worker: Worker, placement_id: int) -> dict:
-    placement = (AdapterPlacement.objects.select_related("adapter", "replica")
+    placement = (AdapterPlacement.objects.select_related("adapter__tenant", "replica")
                  .filter(pk=placement_id, replica__worker=worker).first())
     if placement is None:
         raise NotFound(f"Adapter placement {placement_id} is not on worker {worker.name}.")
     adapter = placement.adapter
     return {"id": placement.pk, "attempt": placement.attempt, "status": placement.status,
             "adapter": adapter.served_name, "source": adapter.source, "rank": adapter.rank,
+            "tenant": adapter.tenant.slug,  # the worker loads it only from <its adapter root>/<tenant>/
             "replica_uid": str(placement.replica.uid)}
 
 

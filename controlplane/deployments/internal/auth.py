@@ -2,15 +2,16 @@ from __future__ import annotations
 
 import hmac
 
-from django.conf import settings
 from rest_framework import authentication, exceptions
 from rest_framework.permissions import BasePermission
+
+from .. import conf
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 
 class WorkerCaller:
-    """`request.user` for a worker presenting the shared token."""
+    """`request.user` for a caller presenting the internal token."""
 
     is_authenticated = True
     is_staff = False
@@ -19,11 +20,11 @@ class WorkerCaller:
 
 class WorkerTokenAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request):
-        token = settings.TESSERA_WORKER_TOKEN
+        token = conf.get_str("TESSERA_INTERNAL_TOKEN")
         if not token:
             if request.META.get("REMOTE_ADDR") in LOOPBACK:
                 return WorkerCaller(), None
-            raise exceptions.AuthenticationFailed("Set TESSERA_WORKER_TOKEN: without it only loopback workers "
+            raise exceptions.AuthenticationFailed("Set TESSERA_INTERNAL_TOKEN: without it only loopback workers "
                                                   "may call the internal API.")
         header = authentication.get_authorization_header(request).decode(errors="replace")
         scheme, _, secret = header.partition(" ")

@@ -8,6 +8,7 @@ urlpatterns = [
     path("health", views.HealthView.as_view(), name="health"),
     path("workers/register", views.RegisterView.as_view(), name="register"),
     path("workers/<str:name>/heartbeat", views.HeartbeatView.as_view(), name="heartbeat"),
+    path("workers/<str:name>/release", views.ReleaseView.as_view(), name="release"),
     path("workers/<str:name>/drain", views.DrainView.as_view(), name="drain"),
     path("workers/<str:name>/replicas/<int:replica_id>", views.ReplicaSpecView.as_view(), name="replica"),
     path("workers/<str:name>/replicas/<int:replica_id>/status", views.ReplicaStatusView.as_view(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 from urllib.parse import urlparse
 
 from drf_spectacular.utils import extend_schema
@@ -10,9 +11,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.errors import ApplicationError
+
 from .. import selectors, services
 from ..models import ReplicaStatus, Worker, name_validator
 from .auth import IsWorker, WorkerTokenAuthentication
+
+BOOT_ID_HEADER = "X-Tessera-Boot-Id"
 
 
 class RegisterSerializer(serializers.Serializer):
@@ -48,6 +53,8 @@ class ReportSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=["loading", "ready", "failed", "stopped"])
     reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=4000)
     permanent = serializers.BooleanField(required=False, default=False)
+    # adapters: not_found / invalid / too_large / error, which picks the tenant's wording
+    kind = serializers.CharField(required=False, allow_blank=True, default="", max_length=16)
     load_seconds = serializers.FloatField(required=False, allow_null=True, default=None)
     gate = serializers.DictField(required=False, allow_null=True, default=None)
 
@@ -59,6 +66,15 @@ class WorkerView(APIView):
 
     def worker(self, name: str) -> Worker:
         return selectors.worker_get(name=name)
+
+    def bound_worker(self, request: Request, name: str) -> Worker:
+        """The worker, if the caller is the boot that registered it (X-Tessera-Boot-Id); else 409."""
+        worker = self.worker(name)
+        boot_id = request.headers.get(BOOT_ID_HEADER, "")
+        if not worker.boot_id or not hmac.compare_digest(boot_id.encode(), worker.boot_id.encode()):
+            raise ApplicationError(f"Not the registered boot of worker {name!r}; register again.",
+                                   code="worker_reregister", status=409)
+        return worker
 
     def body(self, request: Request, serializer_class) -> dict:
         serializer = serializer_class(data=request.data)
@@ -78,6 +94,14 @@ class HeartbeatView(WorkerView):
         return Response(services.worker_report(worker))
 
 
+class ReleaseView(WorkerView):
+    """A worker stopping cleanly gives its name up, so that its next boot registers at once."""
+
+    def post(self, request: Request, name: str) -> Response:
+        worker = services.worker_release(worker=self.bound_worker(request, name), reason=f"worker {name} stopped")
+        return Response({"released": True, "worker": worker.name})
+
+
 class DrainView(WorkerView):
     """The worker's own preStop hook: cordon it; say how many of its replicas still wait for a replacement."""
 
@@ -89,18 +113,19 @@ class DrainView(WorkerView):
 
 class ReplicaSpecView(WorkerView):
     def get(self, request: Request, name: str, replica_id: int) -> Response:
-        return Response(selectors.replica_spec(worker=self.worker(name), replica_id=replica_id))
+        return Response(selectors.replica_spec(worker=self.bound_worker(request, name), replica_id=replica_id))
 
 
 class ReplicaStatusView(WorkerView):
     def post(self, request: Request, name: str, replica_id: int) -> Response:
         body = self.body(request, ReportSerializer)
-        return Response(services.replica_report(worker=self.worker(name), replica_id=replica_id, **body))
+        body.pop("kind", None)
+        return Response(services.replica_report(worker=self.bound_worker(request, name), replica_id=replica_id, **body))
 
 
 class PlacementSpecView(WorkerView):
     def get(self, request: Request, name: str, placement_id: int) -> Response:
-        return Response(selectors.placement_spec(worker=self.worker(name), placement_id=placement_id))
+        return Response(selectors.placement_spec(worker=self.bound_worker(request, name), placement_id=placement_id))
 
 
 class PlacementStatusView(WorkerView):
@@ -108,7 +133,7 @@ class PlacementStatusView(WorkerView):
         body = self.body(request, ReportSerializer)
         body.pop("load_seconds", None)
         body.pop("gate", None)
-        return Response(services.placement_report(worker=self.worker(name), placement_id=placement_id, **body))
+        return Response(services.placement_report(worker=self.bound_worker(request, name), placement_id=placement_id, **body))
 
 
 @extend_schema(exclude=True)

@@ -20,11 +20,18 @@ from .reports import (
     replica_mark_ready,
     replica_report,
 )
-from .workers import worker_cordon, worker_heartbeat, worker_mark_dead, worker_register, worker_report
+from .workers import (
+    worker_cordon,
+    worker_heartbeat,
+    worker_mark_dead,
+    worker_register,
+    worker_release,
+    worker_report,
+)
 
 __all__ = [
     "adapter_create", "adapter_delete", "adapter_refresh_status", "deployment_apply", "deployment_create",
     "deployment_delete", "deployment_update", "model_create", "model_delete", "model_update", "placement_report",
     "quantization_normalize", "replica_fail", "replica_mark_ready", "replica_report", "replica_retry",
-    "worker_cordon", "worker_heartbeat", "worker_mark_dead", "worker_register", "worker_report",
+    "worker_cordon", "worker_heartbeat", "worker_mark_dead", "worker_register", "worker_release", "worker_report",
 ]

@@ -9,7 +9,7 @@ from django.db.models import ProtectedError
 
 from controlplane.errors import ApplicationError
 
-from .. import dispatch
+from .. import adapter_store, dispatch
 from ..models import (
     QUANTIZATION_ALIASES,
     Adapter,
@@ -217,13 +217,21 @@ def _replicas_retry(queryset) -> int:
 # --- adapters -------------------------------------------------------------------------------------
 
 def adapter_create(*, tenant, name: str, base_model: Model, source: str, rank: int = 8) -> Adapter:
+    """Register a tenant's adapter: its source must lie in the tenant's own store; at most
+    TESSERA_MAX_ADAPTERS_PER_TENANT per tenant (LoRA slots are shared by all tenants)."""
+    from tenants.models import Tenant
+
     _check_name(name, "name")
-    if not source:
-        raise _invalid("source: required (a PEFT adapter directory or an object-store URI).", "source")
+    source = adapter_store.adapter_source_normalize(tenant=tenant, source=source)
     if not 1 <= rank <= 64:
         raise _invalid("rank: must be in [1, 64].", "rank")
+    limit = adapter_store.adapter_limit()
     try:
         with transaction.atomic():
+            Tenant.objects.select_for_update().filter(pk=tenant.pk).first()  # one registration at a time per tenant
+            if Adapter.objects.filter(tenant=tenant).count() >= limit:
+                raise ApplicationError(f"You have {limit} adapters, the most a tenant may register; delete one "
+                                       "first.", code="adapter_limit_reached", status=409)
             adapter = Adapter.objects.create(tenant=tenant, name=name, served_name=f"{tenant.slug}:{name}",
                                              base_model=base_model, source=source, rank=rank)
             dispatch.reconcile_soon()

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from controlplane.errors import ApplicationError
 
-from .. import conf, dispatch
+from .. import adapter_store, conf, dispatch
 from ..models import (
     Adapter,
     AdapterPlacement,
@@ -98,7 +98,8 @@ def replica_fail(*, replica: Replica, reason: str, permanent: bool, gate: dict |
 
 
 def placement_report(*, worker: Worker, placement_id: int, attempt: int, status: str, reason: str = "",
-                     permanent: bool = False) -> dict:
+                     permanent: bool = False, kind: str = "") -> dict:
+    """`reason` is the worker's own account (operators only); `kind` picks what the tenant is told."""
     _check(status)
     with transaction.atomic():
         placement = (AdapterPlacement.objects.select_for_update().select_related("replica", "adapter")
@@ -112,7 +113,7 @@ def placement_report(*, worker: Worker, placement_id: int, attempt: int, status:
             placement.status, placement.reason, placement.failures = PlacementStatus.READY, "", 0
             placement.save()
         elif status == "failed" and placement.status in (PlacementStatus.LOADING, PlacementStatus.READY):
-            _placement_fail(placement, reason or "the worker reported a failure", permanent)
+            _placement_fail(placement, reason or "the worker reported a failure", permanent, kind=kind)
         elif status == "stopped" and placement.status == PlacementStatus.STOPPING:
             placement.delete()
         elif status != "loading":
@@ -121,8 +122,9 @@ def placement_report(*, worker: Worker, placement_id: int, attempt: int, status:
         return {"applied": True, "status": placement.status if placement.pk else "gone"}
 
 
-def _placement_fail(placement: AdapterPlacement, reason: str, permanent: bool) -> None:
+def _placement_fail(placement: AdapterPlacement, reason: str, permanent: bool, kind: str = "") -> None:
     placement.failures += 1
+    placement.error_kind = kind if kind in adapter_store.ERROR_KINDS else "error"
     placement.status = PlacementStatus.FAILED
     max_attempts = int(conf.get("TESSERA_REPLICA_MAX_ATTEMPTS"))
     if permanent or placement.failures >= max_attempts:
@@ -132,21 +134,28 @@ def _placement_fail(placement: AdapterPlacement, reason: str, permanent: bool) -
         placement.retry_at = timezone.now() + dt.timedelta(seconds=conf.retry_delay(placement.failures))
         placement.reason = f"{reason} (attempt {placement.failures} of {max_attempts})"
     placement.save()
+    log.warning("adapter placement failed", extra={"placement": placement.pk, "adapter": placement.adapter_id,
+                                                   "kind": placement.error_kind, "reason": placement.reason})
 
 
 def adapter_refresh_status(*, adapter: Adapter) -> None:
-    """ready if any placement serves it; failed if every placement failed for good; else pending."""
+    """ready if any placement serves it; failed if every placement failed for good; else pending.
+
+    A failed adapter's `reason` is a fixed sentence picked by the error kind: the worker's words can
+    name its file system, so they go to `reason_detail` (admin) and the logs only."""
     if adapter.status == AdapterStatus.DELETING:
         if not adapter.placements.exists():
             adapter.delete()
         return
     placements = list(adapter.placements.all())
+    detail = adapter.reason_detail
     if any(p.status == PlacementStatus.READY for p in placements):
-        status, reason = AdapterStatus.READY, ""
+        status, reason, detail = AdapterStatus.READY, "", ""
     elif placements and all(p.status == PlacementStatus.FAILED and p.retry_at is None for p in placements):
-        status, reason = AdapterStatus.FAILED, placements[0].reason
+        status, reason = AdapterStatus.FAILED, adapter_store.public_reason(placements[0].error_kind)
+        detail = placements[0].reason
     else:
         status, reason = AdapterStatus.PENDING, adapter.reason if adapter.status == AdapterStatus.PENDING else ""
-    if (status, reason) != (adapter.status, adapter.reason):
-        adapter.status, adapter.reason = status, reason
-        adapter.save(update_fields=["status", "reason", "updated_at"])
+    if (status, reason, detail) != (adapter.status, adapter.reason, adapter.reason_detail):
+        adapter.status, adapter.reason, adapter.reason_detail = status, reason, detail
+        adapter.save(update_fields=["status", "reason", "reason_detail", "updated_at"])

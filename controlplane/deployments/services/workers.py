@@ -20,14 +20,31 @@ REPORTED_STATUSES = {WorkerStatus.STARTING, WorkerStatus.READY, WorkerStatus.DRA
 
 def worker_register(*, name: str, url: str, boot_id: str, accelerator: str = "", memory_bytes: int | None = None,
                     labels: dict | None = None, status: str = WorkerStatus.STARTING) -> Worker:
-    """Create or refresh a worker. A new boot id means the process restarted: what it held is gone."""
+    """Create or refresh a worker. A new boot id means the process restarted: what it held is gone.
+
+    A name is bound to the boot id that registered it: another boot id may take the name over only
+    once that registration is gone (released by its worker or an operator, marked dead, or without
+    a heartbeat for TESSERA_WORKER_DEAD_SECONDS); until then it is refused (409), as is a URL a
+    live worker of another name advertises.
+    """
     if status not in REPORTED_STATUSES:
         raise ApplicationError(f"status: {status!r} is not one of starting, ready, draining.", code="invalid_value",
                                param="status")
+    if not boot_id:
+        raise ApplicationError("boot_id: required.", code="invalid_value", param="boot_id")
     now = timezone.now()
     with transaction.atomic():
         worker, created = Worker.objects.select_for_update().get_or_create(
             name=name, defaults={"url": url, "boot_id": boot_id, "status": status})
+        if not created and worker.boot_id != boot_id and _live(worker, now):
+            log.warning("worker registration refused: the name is held by a live boot",
+                        extra={"worker": name, "url": url, "boot_id": boot_id})
+            raise ApplicationError(f"Worker {name!r} is registered by another process that is still alive; it "
+                                   "can be taken over once that one is released or expires.",
+                                   code="worker_name_taken", status=409)
+        if _url_holder(name, url, now):
+            log.warning("worker registration refused: the URL is a live worker's", extra={"worker": name, "url": url})
+            raise ApplicationError(f"Another live worker advertises {url}.", code="worker_url_taken", status=409)
         if not created and worker.boot_id != boot_id:
             _release_replicas(worker, f"worker {name} restarted")
             worker.cordoned = False  # a drain lasts until the process restarts (or an uncordon)
@@ -38,6 +55,31 @@ def worker_register(*, name: str, url: str, boot_id: str, accelerator: str = "",
         worker.save()
         dispatch.reconcile_soon()
     log.info("worker registered", extra={"worker": name, "url": url, "boot_id": boot_id, "new": created})
+    return worker
+
+
+def _live(worker: Worker, now) -> bool:
+    """Whether a registration still holds its name: a boot id, not dead, a heartbeat within the dead time."""
+    from .. import conf
+
+    if not worker.boot_id or worker.status == WorkerStatus.DEAD or worker.last_heartbeat_at is None:
+        return False
+    return (now - worker.last_heartbeat_at).total_seconds() < conf.get("TESSERA_WORKER_DEAD_SECONDS")
+
+
+def _url_holder(name: str, url: str, now) -> Worker | None:
+    for other in Worker.objects.filter(url=url).exclude(name=name):
+        if _live(other, now):
+            return other
+    return None
+
+
+def worker_release(*, worker: Worker, reason: str) -> Worker:
+    """End a registration (its worker stopping cleanly, or an operator): the name is free for a new boot."""
+    worker = worker_mark_dead(worker=worker, reason=reason)
+    Worker.objects.filter(pk=worker.pk).update(boot_id="")
+    worker.refresh_from_db()
+    log.warning("worker registration released", extra={"worker": worker.name, "reason": reason})
     return worker
 
 

@@ -7,9 +7,11 @@ this worker run one at a time, in order, and the consumer keeps talking to the b
 load runs. Without remote control, gossip, mingle and events, it needs no broadcast exchange.
 
 Why HTTP to the control plane rather than its database: a GPU host gets no database credentials.
-Registration and heartbeats go to `POST /internal/v1/workers/...` with the shared worker token;
-a heartbeat answered 404/409 (unknown worker, or the control plane saw another boot) registers
-again. On drain (SIGTERM) the heartbeat says `draining`, the consumer stops taking tasks, and
+Registration and heartbeats go to `POST /internal/v1/workers/...` with the internal token
+(TESSERA_INTERNAL_TOKEN); the registration is bound to this process's boot id, sent on every call
+(X-Tessera-Boot-Id), and released on a clean stop. A heartbeat answered 404/409 (unknown worker,
+or the control plane saw another boot) registers again; a registration refused because the name
+is still held by a previous boot (a crash) is retried every beat until that one expires. On drain (SIGTERM) the heartbeat says `draining`, the consumer stops taking tasks, and
 the control plane moves this worker's replicas elsewhere.
 """
 
@@ -47,9 +49,10 @@ class Agent:
         self.settings = settings
         self.state = state
         self.boot_id = uuid.uuid4().hex
-        self.client = client or ControlPlaneClient(settings.control_plane_url, settings.worker_id, settings.token)
+        self.client = client or ControlPlaneClient(settings.control_plane_url, settings.worker_id, settings.token,
+                                                   boot_id=self.boot_id)
         self.slot = EngineSlot(state, unload_grace_seconds=settings.unload_grace_seconds,
-                               model_cache=settings.model_cache)
+                               model_cache=settings.model_cache, adapter_root=settings.adapter_root)
         self.runner = tasks.TaskRunner(self.client, self.slot)
         self.registered = False
         self.consumer_ready = threading.Event()
@@ -94,6 +97,7 @@ class Agent:
         try:
             if self.registered:
                 self.client.heartbeat(self._heartbeat_body(status="draining"))
+                self.client.release()  # the name is free for this worker's next boot at once
         except (ControlPlaneUnavailable, ControlPlaneRejected):
             pass
         tasks.install(None)

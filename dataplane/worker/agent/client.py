@@ -24,9 +24,12 @@ class Gone(ControlPlaneRejected):
 
 
 class ControlPlaneClient:
-    def __init__(self, base_url: str, worker_id: str, token: str = "", timeout: float = 10.0) -> None:
+    def __init__(self, base_url: str, worker_id: str, token: str = "", timeout: float = 10.0,
+                 boot_id: str = "") -> None:
         self.worker_id = worker_id
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if boot_id:  # the registration is bound to it: routes about this worker's work require it
+            headers["X-Tessera-Boot-Id"] = boot_id
         self.http = httpx.Client(base_url=f"{base_url.rstrip('/')}/internal/v1", headers=headers, timeout=timeout,
                                  trust_env=False)
 
@@ -51,6 +54,10 @@ class ControlPlaneClient:
 
     def heartbeat(self, body: dict) -> dict:
         return self._call("POST", f"/workers/{self.worker_id}/heartbeat", body, missing=NotRegistered)
+
+    def release(self) -> dict:
+        """Give this worker's name up on a clean stop (its next boot then registers at once)."""
+        return self._call("POST", f"/workers/{self.worker_id}/release", {}, missing=NotRegistered)
 
     def drain(self) -> dict:
         """Cordon this worker -> {"cordoned": True, "waiting_for": replicas not yet replaced elsewhere}."""

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     port = os.environ.get("TESSERA_WORKER_PORT", "8100")
     worker_id = os.environ.get("TESSERA_WORKER_ID") or re.sub(r"[^A-Za-z0-9._-]", "-", f"{socket.gethostname()}-{port}")
-    client = ControlPlaneClient(url, worker_id, os.environ.get("TESSERA_WORKER_TOKEN", ""), timeout=5)
+    client = ControlPlaneClient(url, worker_id, os.environ.get("TESSERA_INTERNAL_TOKEN", ""), timeout=5)
     deadline = time.monotonic() + args.wait
     try:
         while True:

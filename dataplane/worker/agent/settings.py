@@ -7,7 +7,8 @@
 | TESSERA_WORKER_ADVERTISE_URL | `http://<host>:<port>` | where the gateway reaches this worker |
 | TESSERA_BROKER_URL, else CELERY_BROKER_URL | `filesystem://` | the Celery broker (Redis or RabbitMQ in production) |
 | TESSERA_BROKER_FOLDER | `$TESSERA_VAR_DIR/broker` or `./var/broker` | the file-system broker's folders (one machine only) |
-| TESSERA_WORKER_TOKEN | empty | sent to the control plane's internal API (the worker's --token too) |
+| TESSERA_INTERNAL_TOKEN | empty | sent to the control plane's internal API (its own secret: not the worker's --token) |
+| TESSERA_WORKER_ADAPTER_ROOT | empty: no local adapters | the worker's `--adapter-root`: adapters load only from `<root>/<tenant>/` |
 | TESSERA_HEARTBEAT_SECONDS | 2 | heartbeat interval (the control plane's answer may change it) |
 | TESSERA_WORKER_ACCELERATOR | CUDA device name, or `cpu` | reported for placement constraints |
 | TESSERA_WORKER_MEMORY_BYTES | accelerator memory, or physical RAM | reported for placement constraints |
@@ -42,6 +43,7 @@ class AgentSettings:
     labels: dict[str, str] = field(default_factory=dict)
     unload_grace_seconds: float = 30.0
     model_cache: Path = field(default_factory=lambda: Path("~/.cache/tessera/models").expanduser())
+    adapter_root: str = ""  # the worker's --adapter-root: tenant T's adapters load only from <root>/<T>/
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.worker_id):
@@ -69,7 +71,8 @@ class AgentSettings:
         return cls(
             control_plane_url=url, worker_id=worker_id,
             advertise_url=env.get("TESSERA_WORKER_ADVERTISE_URL") or f"http://{host}:{config.port}",
-            broker_url=broker, broker_transport_options=broker_options(broker, env), token=config.token,
+            broker_url=broker, broker_transport_options=broker_options(broker, env),
+            token=env.get("TESSERA_INTERNAL_TOKEN", ""), adapter_root=config.adapter_root,
             heartbeat_seconds=float(env.get("TESSERA_HEARTBEAT_SECONDS", "2")),
             accelerator=env.get("TESSERA_WORKER_ACCELERATOR") or accelerator,
             memory_bytes=int(raw_memory) if raw_memory else memory,

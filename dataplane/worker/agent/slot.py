@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from dataplane.worker.adapter_root import OutsideAdapterRoot, resolve_in_root
 from dataplane.worker.app import WorkerState
 from dataplane.worker.metrics import WorkerMetrics
 
@@ -38,9 +39,12 @@ SCHEDULER_CONFIG = ("max_num_seqs", "max_num_batched_tokens", "max_waiting")
 
 
 class LoadError(Exception):
-    def __init__(self, reason: str, *, permanent: bool, gate: dict | None = None) -> None:
+    """`reason`: for operators (may name paths); `kind`: for adapters, what the tenant is told
+    (not_found / invalid / too_large / error, the control plane's fixed sentences)."""
+
+    def __init__(self, reason: str, *, permanent: bool, gate: dict | None = None, kind: str = "error") -> None:
         super().__init__(reason)
-        self.reason, self.permanent, self.gate = reason, permanent, gate
+        self.reason, self.permanent, self.gate, self.kind = reason, permanent, gate, kind
 
 
 @dataclass(slots=True)
@@ -63,8 +67,9 @@ def fingerprint(spec: dict) -> str:
 
 class EngineSlot:
     def __init__(self, state: WorkerState, *, unload_grace_seconds: float = 30.0,
-                 model_cache: Path | None = None) -> None:
+                 model_cache: Path | None = None, adapter_root: str = "") -> None:
         self.state = state
+        self.adapter_root = adapter_root
         self.unload_grace_seconds = unload_grace_seconds
         self.model_cache = model_cache or Path("~/.cache/tessera/models").expanduser()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -227,7 +232,8 @@ class EngineSlot:
                           max_lora_rank=int(args.get("max_lora_rank", 16)))
 
     # --- adapters ---------------------------------------------------------------------------------
-    def add_adapter(self, name: str, source: str) -> str:
+    def add_adapter(self, name: str, source: str, tenant: str | None = None) -> str:
+        """Load `tenant`'s adapter from its folder of this worker's adapter root (or the model cache)."""
         with self.lock:
             engine = self.state.engine
             if engine is None:
@@ -237,11 +243,14 @@ class EngineSlot:
             add = getattr(engine, "add_adapter", None)
             if add is None:
                 raise LoadError("this worker's engine has no adapter API yet (AsyncLLM.add_adapter)", permanent=True)
-            path = self.resolve_adapter_source(source)
+            path = self.resolve_adapter_source(source, tenant)
             try:
                 self._maybe_await(add(name, path))
+            except (FileNotFoundError, NotADirectoryError) as exc:
+                raise LoadError(f"adapter {name!r} from {source!r}: {exc}", permanent=True, kind="not_found") from exc
             except PERMANENT_ERRORS as exc:
-                raise LoadError(f"adapter {name!r} from {source!r}: {exc}", permanent=True) from exc
+                kind = "too_large" if "max_lora_rank" in str(exc) else "invalid"  # the directory exists (checked)
+                raise LoadError(f"adapter {name!r} from {source!r}: {exc}", permanent=True, kind=kind) from exc
             except Exception as exc:  # noqa: BLE001
                 raise LoadError(f"adapter {name!r} from {source!r} failed: {exc!r}", permanent=False) from exc
             self._adapters.add(name)
@@ -259,19 +268,33 @@ class EngineSlot:
             self.counters["adapter_unloads"] += 1
             return True
 
-    def resolve_adapter_source(self, source: str) -> str:
+    def resolve_adapter_source(self, source: str, tenant: str | None = None) -> str:
+        """A local path inside `<adapter root>/<tenant>/`, or an object in the model cache; else LoadError.
+
+        Defence in depth: the control plane already refused sources outside the tenant's store;
+        this worker refuses them again against its own --adapter-root (after `..` and symlinks).
+        """
         parsed = urlparse(source)
-        if parsed.scheme == "file":
-            return parsed.path
-        if parsed.scheme and len(parsed.scheme) > 1:
-            cached = self.model_cache / parsed.scheme / parsed.netloc / parsed.path.lstrip("/")
+        if parsed.scheme and len(parsed.scheme) > 1 and parsed.scheme != "file":
+            base = (self.model_cache / parsed.scheme / parsed.netloc).resolve()
+            cached = (base / parsed.path.lstrip("/")).resolve()
+            if not cached.is_relative_to(base) or cached == base:
+                raise LoadError(f"adapter source {source!r} resolves outside this worker's model cache ({base})",
+                                permanent=True, kind="not_found")
             if not cached.exists():
                 raise LoadError(f"adapter source {source!r}: not in this worker's model cache ({cached})",
-                                permanent=True)
+                                permanent=True, kind="not_found")
             return str(cached)
-        if not Path(source).expanduser().exists():
-            raise LoadError(f"adapter source {source!r} does not exist on this worker", permanent=True)
-        return str(Path(source).expanduser())
+        path = parsed.path if parsed.scheme == "file" else source
+        try:
+            resolved = resolve_in_root(path, self.adapter_root, tenant)
+        except OutsideAdapterRoot as exc:
+            log.warning("adapter source refused", extra={"source": source, "tenant": tenant, "reason": str(exc)})
+            raise LoadError(f"adapter source {source!r} refused: {exc}", permanent=True, kind="not_found") from None
+        if not resolved.exists():
+            raise LoadError(f"adapter source {source!r} does not exist on this worker ({resolved})", permanent=True,
+                            kind="not_found")
+        return str(resolved)
 
     # --- the event loop's side --------------------------------------------------------------------
     def _call_on_loop(self, fn, *args):

@@ -93,10 +93,12 @@ class TaskRunner:
         try:
             if loaded is None or loaded.replica_uid != spec["replica_uid"]:
                 raise LoadError("this worker no longer serves the replica the adapter was placed on", permanent=False)
-            outcome = self.slot.add_adapter(spec["adapter"], spec["source"])
+            outcome = self.slot.add_adapter(spec["adapter"], spec["source"], spec.get("tenant"))
         except LoadError as exc:
-            self.client.report_placement(placement_id, {"attempt": attempt, "status": "failed",
-                                                        "reason": exc.reason, "permanent": exc.permanent})
+            log.warning("adapter load failed", extra={"placement": placement_id, "attempt": attempt,
+                                                      "reason": exc.reason, "kind": exc.kind})
+            self.client.report_placement(placement_id, {"attempt": attempt, "status": "failed", "reason": exc.reason,
+                                                        "permanent": exc.permanent, "kind": exc.kind})
             return "failed"
         self.client.report_placement(placement_id, {"attempt": attempt, "status": "ready"})
         return outcome

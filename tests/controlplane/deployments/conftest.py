@@ -71,3 +71,12 @@ def make_tenant(db):
 @pytest.fixture
 def operator(django_user_model):
     return django_user_model.objects.create_user("op", password="pw", is_staff=True, is_superuser=True)
+
+
+@pytest.fixture(autouse=True)
+def adapter_root(settings, tmp_path):
+    """The operator's adapter store: tenant T's adapters live under <root>/T/ (adapter_store.py)."""
+    root = tmp_path / "adapter-store"
+    root.mkdir()
+    settings.TESSERA_ADAPTER_ROOT = str(root)
+    return root

@@ -19,7 +19,7 @@ def test_admin_pages_render_and_actions_go_through_services(admin_client, sent, 
     model = make_model()
     deployment = services.deployment_create(model=model, replicas=1)
     tenant, _ = make_tenant("Acme")
-    services.adapter_create(tenant=tenant, name="sql", base_model=model, source="/adapters/sql")
+    services.adapter_create(tenant=tenant, name="sql", base_model=model, source="sql")
     with commit():
         reconciler.reconcile()
     for page in ("model", "adapter", "worker", "deployment", "replica"):

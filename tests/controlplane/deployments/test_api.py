@@ -58,7 +58,7 @@ def test_tenants_manage_only_their_own_adapters(client, op, make_tenant, make_mo
     acme, acme_key = make_tenant("Acme")
     other, other_key = make_tenant("Other")
     made = client.post("/api/v1/adapters/", {"name": "sql", "base_model": "smollm2-135m-instruct",
-                                             "source": "/adapters/sql", "rank": 8},
+                                             "source": "sql", "rank": 8},
                        content_type="application/json", **bearer(acme_key.secret))
     assert made.status_code == 201 and made.json()["served_name"] == "acme:sql"
     adapter_id = made.json()["id"]

@@ -186,7 +186,8 @@ def test_the_heartbeat_recovers_a_lost_ready_report_and_a_restart_releases_repli
     replica.refresh_from_db()
     worker.refresh_from_db()
     assert replica.status == "ready" and replica.load_seconds == 3.5 and worker.loaded_model == "smollm2-135m-instruct"
-    with commit():
+    Worker.objects.filter(pk=worker.pk).update(last_heartbeat_at=timezone.now() - dt.timedelta(seconds=16))
+    with commit():  # the old boot's registration expired: the restarted process takes its name back
         services.worker_register(name="w1", url=worker.url, boot_id="boot-2", status="ready")
     replica.refresh_from_db()
     assert replica.status == "pending" and replica.worker is None and "restarted" in replica.reason
@@ -212,7 +213,7 @@ def test_adapters_follow_ready_replicas_with_slots_and_are_unloaded_before_remov
     model = make_model()
     services.deployment_create(model=model, replicas=1, max_adapters=2)
     tenant, _ = make_tenant("Acme")
-    adapter = services.adapter_create(tenant=tenant, name="sql", base_model=model, source="/adapters/sql")
+    adapter = services.adapter_create(tenant=tenant, name="sql", base_model=model, source="sql")
     assert adapter.served_name == "acme:sql"
     reconcile(commit)
     assert not sent.of(LOAD_ADAPTER)  # the replica is not ready yet

@@ -33,7 +33,7 @@ def setup_registry(worker_urls: list[str]) -> dict:
     reconciler.reconcile()
     for replica in Replica.objects.all():
         services.replica_report(worker=replica.worker, replica_id=replica.pk, attempt=1, status="ready")
-    services.adapter_create(tenant=acme, name="sql", base_model=model, source="/adapters/sql")
+    services.adapter_create(tenant=acme, name="sql", base_model=model, source="sql")
     reconciler.reconcile()
     placement = AdapterPlacement.objects.get(replica__worker=workers[0])
     AdapterPlacement.objects.exclude(pk=placement.pk).delete()

@@ -68,7 +68,7 @@ def spec(replica_id=1, attempt=1, source="smollm2-135m-instruct", status="loadin
 
 @pytest.fixture
 def agent(monkeypatch):
-    monkeypatch.setattr("dataplane.worker.app.Serving", lambda engine, config, metrics: types.SimpleNamespace(
+    monkeypatch.setattr("dataplane.worker.app.Serving", lambda engine, config, *rest: types.SimpleNamespace(
         engine=engine, config=config))  # the HTTP layer is not under test here
     state = WorkerState(WorkerConfig(model="unassigned"))
     slot = EngineSlot(state, unload_grace_seconds=0.1)
@@ -138,14 +138,18 @@ def test_a_new_replica_replaces_the_engine_and_unload_stops_it(agent):
     assert [b["status"] for _, b in agent.control.reports][-2:] == ["stopped", "stopped"]
 
 
-def test_adapters_load_once_on_the_replica_they_were_placed_on(agent):
+def test_adapters_load_once_on_the_replica_they_were_placed_on(agent, tmp_path):
+    (tmp_path / "acme" / "sql").mkdir(parents=True)
+    agent.slot.adapter_root = str(tmp_path)
     agent.control.specs[1] = spec()
     agent.runner.load_model(1, 1)
     agent.control.placements[7] = {"id": 7, "attempt": 1, "status": "loading", "adapter": "acme:sql",
-                                   "source": "/", "rank": 8, "replica_uid": "uid-1"}
+                                   "source": str(tmp_path / "acme" / "sql"), "rank": 8, "replica_uid": "uid-1",
+                                   "tenant": "acme"}
     assert agent.runner.load_adapter(7, 1) == "loaded"
     assert agent.runner.load_adapter(7, 1) == "already-loaded"
-    assert agent.built[0].adapters == {"acme:sql": "/"} and agent.slot.adapters() == ["acme:sql"]
+    assert agent.built[0].adapters == {"acme:sql": str(tmp_path / "acme" / "sql")}
+    assert agent.slot.adapters() == ["acme:sql"]
     agent.control.placements[8] = {**agent.control.placements[7], "id": 8, "replica_uid": "uid-other"}
     assert agent.runner.load_adapter(8, 1) == "failed"
     agent.control.placements[7]["status"] = "stopping"
@@ -180,12 +184,43 @@ def test_agent_settings_from_the_environment(tmp_path):
     assert AgentSettings.from_env(config, env={}) is None
     settings = AgentSettings.from_env(config, env={
         "TESSERA_CONTROL_PLANE_URL": "http://cp:8000/", "TESSERA_WORKER_ID": "gpu-0",
-        "TESSERA_WORKER_LABELS": "zone=a, pool=big", "TESSERA_VAR_DIR": str(tmp_path)})
+        "TESSERA_WORKER_LABELS": "zone=a, pool=big", "TESSERA_VAR_DIR": str(tmp_path),
+        "TESSERA_INTERNAL_TOKEN": "internal"})
     assert settings.queue == "worker.gpu-0" and settings.control_plane_url == "http://cp:8000"
-    assert settings.advertise_url == "http://127.0.0.1:8101" and settings.token == "tok"
+    # the internal API's own token, not the worker's --token (which the gateway sends to workers)
+    assert settings.advertise_url == "http://127.0.0.1:8101" and settings.token == "internal"
     assert settings.labels == {"zone": "a", "pool": "big"}
     assert settings.broker_transport_options["data_folder_in"] == str(tmp_path / "broker" / "queue")
     with pytest.raises(ValueError, match="TESSERA_WORKER_ID"):
         AgentSettings.from_env(config, env={"TESSERA_CONTROL_PLANE_URL": "http://cp", "TESSERA_WORKER_ID": "a/b"})
     with pytest.raises(ValueError, match="key=value"):
         parse_labels("zone")
+
+
+def test_the_worker_refuses_adapters_outside_its_own_root(agent, tmp_path):
+    """Defence in depth: whatever the control plane sent, nothing outside <adapter root>/<tenant>/ loads."""
+    root = tmp_path / "root"
+    (root / "acme" / "sql").mkdir(parents=True)
+    (root / "other" / "x").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (root / "acme" / "escape").symlink_to(tmp_path / "elsewhere")
+    (root / "acme" / "neighbour").symlink_to(root / "other" / "x")
+    agent.control.specs[1] = spec()
+    agent.runner.load_model(1, 1)
+    base = {"attempt": 1, "status": "loading", "adapter": "acme:sql", "rank": 8, "replica_uid": "uid-1",
+            "tenant": "acme"}
+    sources = [str(tmp_path / "elsewhere"), str(root / "other" / "x"), str(root / "acme" / ".." / "other" / "x"),
+               str(root / "acme" / "escape"), str(root / "acme" / "neighbour"), "../other/x", str(root / "acme"),
+               "s3://bucket/../../../etc"]
+    for pid, source in enumerate(sources, start=10):
+        agent.control.placements[pid] = {**base, "id": pid, "source": source}
+        assert agent.runner.load_adapter(pid, 1) == "failed", source
+        body = agent.control.reports[-1][1]
+        assert body["status"] == "failed" and body["permanent"] is True and body["kind"] == "not_found", source
+    assert agent.built[0].adapters == {}  # the engine was never asked
+    agent.slot.adapter_root = ""  # no root configured: no local adapters at all
+    agent.control.placements[30] = {**base, "id": 30, "source": str(root / "acme" / "sql")}
+    assert agent.runner.load_adapter(30, 1) == "failed" and "no adapter root" in agent.control.reports[-1][1]["reason"]
+    agent.slot.adapter_root = str(root)
+    assert agent.runner.load_adapter(30, 1) == "loaded"
+    assert agent.built[0].adapters == {"acme:sql": str(root / "acme" / "sql")}
