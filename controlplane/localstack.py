@@ -98,6 +98,10 @@ def environment(args: argparse.Namespace) -> dict[str, str]:
     env = {**os.environ, "TESSERA_VAR_DIR": str(var), "PYTHONUNBUFFERED": "1", "TESSERA_WORKERS": ""}
     env.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings.base")
     env.setdefault("TESSERA_WORKER_TOKEN", secrets.token_urlsafe(24))  # this run's workers and control plane
+    env.setdefault("TESSERA_INTERNAL_TOKEN", secrets.token_urlsafe(24))  # the workers' internal API: its own
+    adapters = Path(env.setdefault("TESSERA_ADAPTER_ROOT", str(var / "adapters")))  # tenant T's under <root>/T/
+    adapters.mkdir(parents=True, exist_ok=True)
+    env.setdefault("TESSERA_WORKER_ADAPTER_ROOT", str(adapters))  # the worker checks the same store again
     env.setdefault("TESSERA_RECONCILE_SECONDS", "2")
     env.setdefault("CELERY_BROKER_URL", "filesystem://")
     if env["CELERY_BROKER_URL"].startswith("filesystem://"):

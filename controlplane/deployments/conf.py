@@ -13,6 +13,7 @@
 | TESSERA_ADAPTER_ROOT | empty: no local sources | the adapter store on the workers; tenant T's sources live under `<root>/<T>/` |
 | TESSERA_ADAPTER_SOURCES | empty: no URIs | comma-separated URI prefixes (`s3://bucket[/prefix]`); tenant T's under `<prefix>/<T>/` |
 | TESSERA_INTERNAL_TOKEN | empty: loopback only | the bearer token of `/internal/v1/` (workers only; not the gateway's worker token) |
+| TESSERA_INTERNAL_ALLOW_FORWARDED | 0 | 1: accept `/internal/v1/` calls that carry X-Forwarded-For (came through a proxy) |
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ DEFAULTS: dict[str, float] = {
     "TESSERA_REPLICA_REDISPATCH_SECONDS": 30,
     "TESSERA_MAX_ADAPTERS_PER_TENANT": 8,
 }
-STR_DEFAULTS: dict[str, str] = {"TESSERA_ADAPTER_ROOT": "", "TESSERA_ADAPTER_SOURCES": "", "TESSERA_INTERNAL_TOKEN": ""}
+STR_DEFAULTS: dict[str, str] = {"TESSERA_ADAPTER_ROOT": "", "TESSERA_ADAPTER_SOURCES": "", "TESSERA_INTERNAL_TOKEN": "",
+                               "TESSERA_INTERNAL_ALLOW_FORWARDED": "0"}
 MAX_RETRY_SECONDS = 300
 MAX_REDISPATCHES = 3
 

@@ -20,6 +20,10 @@ class WorkerCaller:
 
 class WorkerTokenAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request):
+        if request.META.get("HTTP_X_FORWARDED_FOR") and conf.get_str("TESSERA_INTERNAL_ALLOW_FORWARDED") != "1":
+            # Workers call the control plane's Service directly; a request that came through a proxy
+            # (the public ingress adds X-Forwarded-For) is not a worker's, whatever token it carries.
+            raise exceptions.PermissionDenied("The internal API is not served through the public ingress.")
         token = conf.get_str("TESSERA_INTERNAL_TOKEN")
         if not token:
             if request.META.get("REMOTE_ADDR") in LOOPBACK:

@@ -66,6 +66,8 @@ class Stack:
         self.env = {
             **os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.settings.base", "DATABASE_URL": database_url(),
             "CELERY_BROKER_URL": broker_url, "TESSERA_WORKER_TOKEN": TOKEN, "TESSERA_VAR_DIR": str(self.var),
+            "TESSERA_INTERNAL_TOKEN": "internal-" + TOKEN, "TESSERA_ADAPTER_ROOT": str(self.var / "adapters"),
+            "TESSERA_WORKER_ADAPTER_ROOT": str(self.var / "adapters"),
             "TESSERA_WORKERS": "", "TESSERA_RECONCILE_SECONDS": "1", "TESSERA_WORKER_HEARTBEAT_SECONDS": "0.5",
             "TESSERA_WORKER_DEAD_SECONDS": "4", "TESSERA_WORKER_POLL_SECONDS": "0.5",
             "TESSERA_AUTH_CACHE_SECONDS": "0", "TESSERA_LIMITER": "database", "PYTHONUNBUFFERED": "1",

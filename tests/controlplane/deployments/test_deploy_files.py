@@ -95,6 +95,9 @@ def test_kubernetes_gpu_workers_one_per_gpu_with_probes_and_a_graceful_drain():
     env = {e["name"]: e for e in container["env"]}
     assert env["TESSERA_WORKER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["TESSERA_WORKER_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "TESSERA_WORKER_TOKEN"
+    assert env["TESSERA_INTERNAL_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "TESSERA_INTERNAL_TOKEN"
+    assert env["TESSERA_WORKER_ADAPTER_ROOT"]["value"] == "/adapters"
+    assert {"name": "adapters", "mountPath": "/adapters", "readOnly": True} in container["volumeMounts"]
     assert "TESSERA_CONTROL_PLANE_URL" in env and "TESSERA_BROKER_URL" in env
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[:3] == ["python", "-m", "dataplane.worker.agent.prestop"]
@@ -130,9 +133,25 @@ def test_kubernetes_control_plane_has_web_workers_one_beat_and_migrations():
 def test_the_worker_drain_endpoint_cordons_and_counts_what_still_waits(client, settings, make_worker, make_model):
     from controlplane.deployments import reconciler, services
 
-    settings.TESSERA_WORKER_TOKEN = "t"
+    settings.TESSERA_INTERNAL_TOKEN = "t"
     make_worker("w1")
     services.deployment_create(model=make_model(), replicas=1)
     reconciler.reconcile()
     answer = client.post("/internal/v1/workers/w1/drain", HTTP_AUTHORIZATION="Bearer t")
     assert answer.json() == {"cordoned": True, "waiting_for": 1}
+
+
+@pytest.mark.django_db
+def test_the_internal_api_is_not_behind_the_public_ingress(client, settings, make_worker):
+    ingress = by_kind("Ingress")["tessera"]
+    paths = [p["path"] for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]]
+    assert paths and not any(p.startswith("/internal") or p == "/" for p in paths)
+    assert by_kind("ConfigMap")["tessera-config"]["data"]["TESSERA_ADAPTER_ROOT"] == "/adapters"
+    assert "TESSERA_INTERNAL_TOKEN" in by_kind("Secret")["tessera-secrets"]["stringData"]
+    # Second layer: a call that came through a proxy is refused, whatever token it carries.
+    settings.TESSERA_INTERNAL_TOKEN = "t"
+    make_worker("w1")
+    through_proxy = client.post("/internal/v1/workers/w1/drain", HTTP_AUTHORIZATION="Bearer t",
+                                HTTP_X_FORWARDED_FOR="203.0.113.9")
+    assert through_proxy.status_code == 403
+    assert client.post("/internal/v1/workers/w1/drain", HTTP_AUTHORIZATION="Bearer t").status_code == 200

@@ -155,12 +155,13 @@ def test_an_adapter_deployment_reaches_ready_and_serves_only_its_tenant(env, tmp
     if not hasattr(AsyncLLM, "add_adapter") or "lora_config" not in inspect.signature(AsyncLLM.__init__).parameters:
         pytest.skip("the engine has no adapter API yet (AsyncLLM.add_adapter / lora_config)")
     stack, api = env["stack"], env["api"]
-    write_adapter(tmp_path / "colour")
+    store = stack.var / "adapters" / env["tenant"].slug  # the tenant's folder of the adapter store
+    write_adapter(store / "colour")
     api.post("/models/", json={"name": MODEL})
     assert api.post("/deployments/", json={"model": MODEL, "replicas": 1, "max_adapters": 2,
                                            "engine_args": {"kv_cache_memory": "128MiB"}}).status_code == 201
     made = httpx.post(stack.url + "/api/v1/adapters/", headers={"Authorization": f"Bearer {env['key']}"},
-                      json={"name": "colour", "base_model": MODEL, "source": str(tmp_path / "colour"), "rank": 4})
+                      json={"name": "colour", "base_model": MODEL, "source": "colour", "rank": 4})
     assert made.status_code == 201, made.text
     served_name = made.json()["served_name"]
 
