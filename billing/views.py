@@ -8,10 +8,11 @@ from datetime import UTC, date, datetime, time
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import exceptions, permissions, renderers
+from rest_framework import exceptions, renderers
 from rest_framework.views import APIView
 
 from billing import exports
+from tenants.api.permissions import IsFinance
 from tenants.models import Tenant
 
 
@@ -30,16 +31,6 @@ class CSVRenderer(_Passthrough):
 
 class ParquetRenderer(_Passthrough):
     media_type, format = "application/vnd.apache.parquet", "parquet"
-
-
-class HasBillingViewPermission(permissions.BasePermission):
-    """Django users holding the view permission (the finance group, superusers); never tenant keys."""
-
-    message = "Finance exports need the billing view permission (the finance group)."
-
-    def has_permission(self, request, view) -> bool:
-        has_perm = getattr(request.user, "has_perm", None)
-        return bool(request.user and request.user.is_authenticated and has_perm and has_perm(view.required_perm))
 
 
 def _instant(raw: str | None, name: str) -> datetime:
@@ -66,9 +57,8 @@ def _tenant_id(raw: str | None) -> int | None:
 
 
 class _ExportView(APIView):
-    permission_classes = [HasBillingViewPermission]
+    permission_classes = [IsFinance]  # finance, operators, superusers; never tenant keys
     renderer_classes = [renderers.JSONRenderer, CSVRenderer, ParquetRenderer]
-    required_perm = ""
     columns: list = []
     file_format = "csv"
     name = ""
@@ -104,7 +94,7 @@ class _ExportView(APIView):
 class UsageExportView(_ExportView):
     """GET ?from=&to=[&tenant=]: one row per request that started in [from, to)."""
 
-    required_perm, columns, name = "billing.view_usagerecord", exports.USAGE_COLUMNS, "usage"
+    columns, name = exports.USAGE_COLUMNS, "usage"
 
     def rows(self, *, start, end, tenant_id):
         return exports.usage_rows(start=start, end=end, tenant_id=tenant_id)
@@ -113,7 +103,7 @@ class UsageExportView(_ExportView):
 class InvoiceExportView(_ExportView):
     """GET ?from=&to=[&tenant=]: one row per line of the (non-void) invoices whose month starts in [from, to)."""
 
-    required_perm, columns, name = "billing.view_invoice", exports.INVOICE_COLUMNS, "invoices"
+    columns, name = exports.INVOICE_COLUMNS, "invoices"
 
     def rows(self, *, start, end, tenant_id):
         return exports.invoice_rows(start=_first_day_at_or_after(start), end=_first_day_at_or_after(end), tenant_id=tenant_id)

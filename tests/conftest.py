@@ -61,3 +61,18 @@ def pytest_configure(config: pytest.Config) -> None:
 def redis_url() -> str:
     """A Redis URL for limiter tests (the test must be marked `redis`)."""
     return os.environ.get("TESSERA_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture
+def make_user(db, django_user_model):
+    """A Django user holding `role` ("operator", "finance" or None) the way `manage.py role_grant` gives it."""
+
+    def make(username: str, *, role: str | None = None, **fields):
+        from tenants.roles import role_grant
+
+        user = django_user_model.objects.create_user(username, password="pw", **fields)
+        if role:
+            role_grant(user=user, role=role)
+        return django_user_model.objects.get(pk=user.pk)  # no stale permission cache
+
+    return make

@@ -4,7 +4,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import Group
 
 from billing import services
 from billing.models import Price
@@ -18,9 +18,8 @@ def urls(settings):
 
 
 @pytest.fixture
-def finance(client):
-    user = User.objects.create_user("fin", password="pw", is_staff=True)
-    user.groups.add(Group.objects.get(name="finance"))
+def finance(client, make_user):
+    user = make_user("fin", role="finance")
     client.force_login(user)
     return client
 

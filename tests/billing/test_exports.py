@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pyarrow.parquet as pq
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.http import StreamingHttpResponse
 
@@ -30,9 +30,8 @@ def urls(settings):
 
 
 @pytest.fixture
-def finance_client(client):
-    user = User.objects.create_user("fiona", password="pw", is_staff=True)
-    user.groups.add(Group.objects.get(name="finance"))
+def finance_client(client, make_user):
+    user = make_user("fiona", role="finance")
     client.force_login(user)
     return client
 
@@ -163,7 +162,7 @@ def test_bad_parameters_are_400(finance_client, params, field):
 
 def test_exports_need_the_finance_permission(client, tenant, db):
     assert client.get(f"{USAGE_URL}.csv", NOV).status_code == 401
-    user = User.objects.create_user("ops", password="pw", is_staff=True)
+    user = User.objects.create_user("ops", password="pw", is_staff=True)  # plain staff: no role, no exports
     client.force_login(user)
     assert client.get(f"{USAGE_URL}.csv", NOV).status_code == 403
     assert client.get(f"{INVOICES_URL}.parquet", NOV).status_code == 403

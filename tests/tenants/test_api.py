@@ -14,12 +14,12 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def world(make_tenant, django_user_model):
+def world(make_tenant, django_user_model, make_user):
     a, b = make_tenant(slug="tenant-a"), make_tenant(slug="tenant-b")
     a_admin = services.api_key_create(tenant=a, name="a-admin", can_manage=True)
     a_plain = services.api_key_create(tenant=a, name="a-plain")
     b_admin = services.api_key_create(tenant=b, name="b-admin", can_manage=True)
-    operator = django_user_model.objects.create_user("op", password="pw", is_staff=True)
+    operator = make_user("op", role="operator")
     user = django_user_model.objects.create_user("someone", password="pw")
     return {"a": a, "b": b, "a_admin": a_admin, "a_plain": a_plain, "b_admin": b_admin, "operator": operator, "user": user}
 

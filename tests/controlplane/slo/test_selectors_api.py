@@ -90,7 +90,7 @@ def test_groups_by_tier_and_model_and_restricts_to_a_tenant(tier):
         selectors.slo_status(group_by=("tenant",))
 
 
-def test_api_operator_sees_all_tenant_sees_own(tier, client, django_user_model):
+def test_api_operator_sees_all_tenant_sees_own(tier, client, make_user):
     now = timezone.now()
     a, b = _tenant(tier, "A"), _tenant(tier, "B")
     record(a, tier, now=now)
@@ -108,7 +108,7 @@ def test_api_operator_sees_all_tenant_sees_own(tier, client, django_user_model):
     assert client.get("/api/v1/slo/", HTTP_AUTHORIZATION=f"Bearer {plain}").status_code in (401, 403)
     assert client.get("/api/v1/slo/").status_code in (401, 403)
 
-    op = django_user_model.objects.create_user("op", password="pw", is_staff=True)
+    op = make_user("op", role="operator")
     client.force_login(op)
     everyone = {r["tenant"] for r in client.get("/api/v1/slo/").json()["results"]}
     assert {a.slug, b.slug} <= everyone
