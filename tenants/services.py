@@ -15,6 +15,7 @@ from controlplane.errors import ApplicationError
 from . import auth
 from .keys import generate_secret, hash_secret, visible_prefix
 from .models import APIKey, Tenant, TenantStatus, Tier
+from .scopes import key_grant_check
 
 DEFAULT_ROTATION_GRACE = timedelta(hours=24)
 
@@ -141,7 +142,14 @@ def api_key_create(
     expires_at: datetime | None = None,
     can_manage: bool = False,
     rotated_from: APIKey | None = None,
+    granted_by: auth.KeyPrincipal | None = None,
 ) -> CreatedKey:
+    """`granted_by`: the managing key that asks (None for operators); the new key stays within its scopes."""
+    allowed_models, allowed_adapters = sorted(set(allowed_models)), sorted(set(allowed_adapters))
+    key_grant_check(
+        granted_by=granted_by, allowed_models=allowed_models, allowed_adapters=allowed_adapters,
+        expires_at=expires_at, can_manage=can_manage,
+    )
     if expires_at is not None and expires_at <= timezone.now():
         raise ApplicationError("expires_at must be in the future.", code="invalid_expiry", param="expires_at")
     secret = generate_secret()
@@ -150,8 +158,8 @@ def api_key_create(
         name=name,
         prefix=visible_prefix(secret),
         key_hash=hash_secret(secret),
-        allowed_models=sorted(set(allowed_models)),
-        allowed_adapters=sorted(set(allowed_adapters)),
+        allowed_models=allowed_models,
+        allowed_adapters=allowed_adapters,
         expires_at=expires_at,
         can_manage=can_manage,
         rotated_from=rotated_from,
@@ -175,8 +183,15 @@ def api_key_revoke(*, tenant: Tenant, key: APIKey) -> APIKey:
     return key
 
 
-def api_key_rotate(*, tenant: Tenant, key: APIKey, grace: timedelta = DEFAULT_ROTATION_GRACE) -> CreatedKey:
-    """A new key with the same scopes; the old one keeps working for `grace`, then expires."""
+def api_key_rotate(
+    *,
+    tenant: Tenant,
+    key: APIKey,
+    grace: timedelta = DEFAULT_ROTATION_GRACE,
+    granted_by: auth.KeyPrincipal | None = None,
+) -> CreatedKey:
+    """A new key with the same scopes; the old one keeps working for `grace`, then expires.
+    A managing key may rotate only keys within its own scopes (the new key copies them)."""
     _check_owner(tenant, key)
     now = timezone.now()
     if not key.is_usable(now):
@@ -192,6 +207,7 @@ def api_key_rotate(*, tenant: Tenant, key: APIKey, grace: timedelta = DEFAULT_RO
             expires_at=key.expires_at,
             can_manage=key.can_manage,
             rotated_from=key,
+            granted_by=granted_by,
         )
         old_until = now + grace
         if key.expires_at is None or key.expires_at > old_until:
@@ -201,12 +217,15 @@ def api_key_rotate(*, tenant: Tenant, key: APIKey, grace: timedelta = DEFAULT_RO
     return created
 
 
-def api_key_update(*, tenant: Tenant, key: APIKey, **fields) -> APIKey:
+def api_key_update(*, tenant: Tenant, key: APIKey, granted_by: auth.KeyPrincipal | None = None, **fields) -> APIKey:
+    """Change the given fields. `granted_by` (a managing key; None for operators) may not widen any
+    key's scopes beyond its own, nor clear or extend an expiry past its own (its own key included)."""
     _check_owner(tenant, key)
-    allowed = {"name", "allowed_models", "allowed_adapters", "expires_at"}
+    allowed = {"name", "allowed_models", "allowed_adapters", "expires_at", "can_manage"}
     unknown = set(fields) - allowed
     if unknown:
         raise ApplicationError(f"Unknown key fields: {sorted(unknown)}", code="invalid_field")
+    key_grant_check(granted_by=granted_by, **fields)
     for field in ("allowed_models", "allowed_adapters"):
         if field in fields:
             fields[field] = sorted(set(fields[field]))

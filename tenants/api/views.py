@@ -20,14 +20,24 @@ from tenants.models import Tenant
 
 from . import serializers as s
 from .authentication import TenantUser
-from .permissions import IsOperator, IsTenantKey
+from .permissions import IsFinance, IsOperator, IsTenantKey
 
 
 class TenantScopedView(APIView):
     """Resolves the tenant a request acts on, and who may act on it."""
 
+    # Who may use the `/tenants/<slug>/...` shape; without a slug only the tenant's own key may.
+    slug_permission_classes = (IsOperator,)
+
     def get_permissions(self):
-        return [IsOperator()] if "slug" in self.kwargs else [IsTenantKey()]
+        if "slug" in self.kwargs:
+            return [permission() for permission in self.slug_permission_classes]
+        return [IsTenantKey()]
+
+    def acting_key(self, request: Request):
+        """The managing key's principal when a tenant acts (its scopes bound what it may grant); None for operators."""
+        user = request.user
+        return user.principal if isinstance(user, TenantUser) else None
 
     def tenant(self, request: Request) -> Tenant:
         if "slug" in self.kwargs:
@@ -54,6 +64,8 @@ class MeView(TenantScopedView):
 
 
 class UsageView(TenantScopedView):
+    slug_permission_classes = (IsOperator | IsFinance,)
+
     @extend_schema(responses=s.UsageSerializer, summary="This month's usage against the budgets")
     def get(self, request: Request, **kwargs) -> Response:
         return Response(s.UsageSerializer(selectors.tenant_usage(tenant=self.tenant(request))).data)
@@ -69,7 +81,9 @@ class KeyListView(TenantScopedView):
     def post(self, request: Request, **kwargs) -> Response:
         body = s.APIKeyCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        created = services.api_key_create(tenant=self.tenant(request), **body.validated_data)
+        created = services.api_key_create(
+            tenant=self.tenant(request), granted_by=self.acting_key(request), **body.validated_data
+        )
         return Response(_created(created), status=status.HTTP_201_CREATED)
 
 
@@ -85,7 +99,9 @@ class KeyDetailView(TenantScopedView):
         key = selectors.api_key_get(tenant=tenant, key_id=key_id)
         body = s.APIKeyUpdateSerializer(data=request.data, partial=True)
         body.is_valid(raise_exception=True)
-        key = services.api_key_update(tenant=tenant, key=key, **body.validated_data)
+        key = services.api_key_update(
+            tenant=tenant, key=key, granted_by=self.acting_key(request), **body.validated_data
+        )
         return Response(s.APIKeySerializer(key).data)
 
 
@@ -105,6 +121,9 @@ class KeyRotateView(TenantScopedView):
         body = s.APIKeyRotateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         created = services.api_key_rotate(
-            tenant=tenant, key=key, grace=timedelta(seconds=body.validated_data["grace_seconds"])
+            tenant=tenant,
+            key=key,
+            grace=timedelta(seconds=body.validated_data["grace_seconds"]),
+            granted_by=self.acting_key(request),
         )
         return Response(_created(created), status=status.HTTP_201_CREATED)
