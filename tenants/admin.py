@@ -78,13 +78,13 @@ class TenantAdmin(admin.ModelAdmin):
     def key_count(self, tenant: Tenant) -> int:
         return tenant.api_keys.filter(revoked=False).count()
 
-    @admin.action(description="Suspend selected tenants")
+    @admin.action(description="Suspend selected tenants", permissions=["change"])  # not for view-only finance
     def suspend(self, request, queryset):
         for tenant in queryset:
             services.tenant_suspend(tenant=tenant)
         self.message_user(request, f"Suspended {queryset.count()} tenant(s).")
 
-    @admin.action(description="Re-activate selected tenants")
+    @admin.action(description="Re-activate selected tenants", permissions=["change"])
     def activate(self, request, queryset):
         for tenant in queryset:
             services.tenant_activate(tenant=tenant)
@@ -122,7 +122,7 @@ class APIKeyAdmin(admin.ModelAdmin):
         adapters = ", ".join(key.allowed_adapters) or "any adapter"
         return f"{models}; {adapters}"
 
-    @admin.action(description="Revoke selected keys")
+    @admin.action(description="Revoke selected keys", permissions=["change"])
     def revoke(self, request, queryset):
         for key in queryset.select_related("tenant"):
             services.api_key_revoke(tenant=key.tenant, key=key)
@@ -130,9 +130,10 @@ class APIKeyAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         if change:
+            # Every editable field goes through the service, can_manage included (it used to be dropped here).
             services.api_key_update(
                 tenant=obj.tenant, key=obj, name=obj.name, allowed_models=obj.allowed_models or [],
-                allowed_adapters=obj.allowed_adapters or [], expires_at=obj.expires_at,
+                allowed_adapters=obj.allowed_adapters or [], expires_at=obj.expires_at, can_manage=obj.can_manage,
             )
             return
         created = services.api_key_create(
