@@ -125,3 +125,16 @@ def test_an_operator_releases_a_registration_from_the_admin(worker_client, admin
     assert page.status_code == 302
     assert Worker.objects.get(name="w1").boot_id == ""
     assert register(worker_client, boot="b2").status_code == 200
+
+
+def test_an_operator_releases_a_registration_from_the_command_line(worker_client, capsys):
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    register(worker_client)
+    assert register(worker_client, boot="b2").status_code == 409
+    call_command("worker_release", "w1")
+    assert "released w1" in capsys.readouterr().out
+    assert register(worker_client, boot="b2").status_code == 200
+    with pytest.raises(CommandError):
+        call_command("worker_release", "nobody")
