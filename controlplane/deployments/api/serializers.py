@@ -102,6 +102,14 @@ class AdapterSerializer(serializers.ModelSerializer):
         return adapter.placements.filter(status="ready").count()
 
 
+class OperatorAdapterSerializer(AdapterSerializer):
+    """Operators (/api/v1/tenants/<slug>/adapters/) also read the worker's own account of a failure."""
+
+    class Meta(AdapterSerializer.Meta):
+        fields = [*AdapterSerializer.Meta.fields, "reason_detail"]
+        read_only_fields = fields
+
+
 class AdapterCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=64)
     base_model = serializers.SlugRelatedField(slug_field="name", queryset=Model.objects.all())

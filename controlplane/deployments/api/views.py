@@ -133,23 +133,28 @@ class ReplicaRetryView(OperatorView):
 
 # --- adapters (tenant-owned) ----------------------------------------------------------------------
 
+def _adapter_serializer(kwargs: dict):
+    """Tenants read a failure's fixed wording; operators (the /tenants/<slug>/ routes) the worker's words too."""
+    return s.OperatorAdapterSerializer if "slug" in kwargs else s.AdapterSerializer
+
+
 class AdapterListView(TenantScopedView):
     @extend_schema(responses=s.AdapterSerializer(many=True), summary="List your adapters")
     def get(self, request: Request, **kwargs) -> Response:
-        return _page(self, request, selectors.adapter_list(tenant=self.tenant(request)), s.AdapterSerializer)
+        return _page(self, request, selectors.adapter_list(tenant=self.tenant(request)), _adapter_serializer(kwargs))
 
     @extend_schema(request=s.AdapterCreateSerializer, responses={201: s.AdapterSerializer},
                    summary="Register a LoRA adapter; it is loaded wherever its base model runs with LoRA slots")
     def post(self, request: Request, **kwargs) -> Response:
         adapter = services.adapter_create(tenant=self.tenant(request), **_valid(s.AdapterCreateSerializer, request))
-        return Response(s.AdapterSerializer(adapter).data, status=status.HTTP_201_CREATED)
+        return Response(_adapter_serializer(kwargs)(adapter).data, status=status.HTTP_201_CREATED)
 
 
 class AdapterDetailView(TenantScopedView):
     @extend_schema(responses=s.AdapterSerializer, summary="Show one of your adapters")
     def get(self, request: Request, adapter_id: int, **kwargs) -> Response:
         adapter = selectors.adapter_get(tenant=self.tenant(request), adapter_id=adapter_id)
-        return Response(s.AdapterSerializer(adapter).data)
+        return Response(_adapter_serializer(kwargs)(adapter).data)
 
     @extend_schema(responses={202: None}, summary="Delete: unload everywhere, then remove")
     def delete(self, request: Request, adapter_id: int, **kwargs) -> Response:

@@ -136,6 +136,9 @@ def test_the_tenant_sees_a_generic_reason_and_operators_the_workers_own(client, 
     assert "worker-root" in adapter.reason_detail  # operators keep the worker's words
     page = admin_client.get(f"/admin/deployments/adapter/{adapter_id}/change/")
     assert page.status_code == 200 and b"worker-root" in page.content
+    slug = tenants["acme_tenant"].slug
+    assert "worker-root" in admin_client.get(f"/api/v1/tenants/{slug}/adapters/{adapter_id}/").json()["reason_detail"]
+    assert "reason_detail" not in seen
 
 
 def test_invalid_peft_files_are_reported_as_such(make_tenant, make_model, make_worker, adapter_root):
