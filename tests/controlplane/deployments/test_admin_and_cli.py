@@ -80,11 +80,13 @@ def test_beat_schedules_the_reconciler_and_billing_sweepers():
 
     import billing.tasks  # noqa: F401  (registers the billing tasks)
     import controlplane.deployments.tasks  # noqa: F401
+    import controlplane.gateway.tasks  # noqa: F401  (the usage sweeper)
     from controlplane.celery import app
 
     schedule = {entry["task"]: entry["schedule"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
     assert set(schedule) == {"deployments.reconcile", "billing.stripe_report_pending", "billing.stripe_sync_pending",
-                             "billing.usage_daily_rollup", "billing.invoices_build_month"}
+                             "billing.usage_daily_rollup", "billing.invoices_build_month", "gateway.usage_sweep"}
+    assert schedule["gateway.usage_sweep"] == 60
     assert schedule["billing.stripe_report_pending"] == schedule["billing.stripe_sync_pending"] == 60
     assert schedule["billing.usage_daily_rollup"] == 900 and schedule["deployments.reconcile"] <= 10
     monthly = schedule["billing.invoices_build_month"]
