@@ -1,6 +1,6 @@
 """DRF authentication with a tenant's API key (`Authorization: Bearer sk-...`).
 
-Operators use Django users (session or basic auth, `is_staff`); tenants use their keys. A key
+People use Django users (session or basic auth) holding a role (tenants/roles.py); tenants use their keys. A key
 authenticates the management API only when it has `can_manage`.
 """
 

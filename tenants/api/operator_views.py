@@ -1,4 +1,4 @@
-"""Management API, operator side: tenants and tiers (Django staff users only)."""
+"""Management API, operator side: tenants and tiers (users with the operator role only, tenants/roles.py)."""
 
 from __future__ import annotations
 
