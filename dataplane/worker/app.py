@@ -25,13 +25,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from dataplane.engine.async_llm import AsyncLLM
-from dataplane.worker import adapters, errors
+from dataplane.worker import adapters, errors, usage_route
 from dataplane.worker.config import WorkerConfig
 from dataplane.worker.drain import Drainer, Draining
 from dataplane.worker.metrics import WorkerMetrics
 from dataplane.worker.run import RequestContext
 from dataplane.worker.serving import Serving
 from dataplane.worker.streaming import ClientGone, EventStream
+from dataplane.worker.usage_memory import UsageMemory
 
 log = logging.getLogger("tessera.worker")
 
@@ -45,6 +46,7 @@ class WorkerState:
         self.serving: Serving | None = None
         self.load_error: BaseException | None = None
         self.drainer = Drainer()
+        self.usage = UsageMemory(config.usage_memory_entries, config.usage_memory_seconds)  # counts by request id
         self.metrics = WorkerMetrics(config.model_id, lambda: self.engine.latest_stats if self.engine else None)
         adapters.register_metrics(self)
         self.created = int(time.time())
@@ -54,7 +56,7 @@ class WorkerState:
 
     def attach(self, engine: AsyncLLM, freeze: bool = True) -> None:
         self.engine = engine
-        self.serving = Serving(engine, self.config, self.metrics)
+        self.serving = Serving(engine, self.config, self.metrics, self.usage)
         if not freeze:
             return
         # The model leaves ~200k long-lived objects; a full collection scanning them holds the GIL for
@@ -120,9 +122,11 @@ def create_app(state: WorkerState) -> Starlette:
                                          "model_" + state.status())
             ticket = state.drainer.admit()
             raw = await request.body()
-            job = serving.prepare_chat(raw) if chat else serving.prepare_completion(raw)
+            allowance = _allowance(request)
+            job = serving.prepare_chat(raw, allowance) if chat else serving.prepare_completion(raw, allowance)
             ctx = RequestContext(rid, request.headers.get("x-tenant-id"), _header_int(request, "x-priority"),
-                                 request.headers.get("x-cache-salt") or None, request.receive, started)
+                                 request.headers.get("x-cache-salt") or None, request.receive, started,
+                                 accounting=request.headers.get("x-tessera-accounting") == "1")
             response = await serving.run(job, ctx)
         except Draining:
             response = errors.unavailable("This worker is draining; send the request elsewhere.",
@@ -204,6 +208,7 @@ def create_app(state: WorkerState) -> Starlette:
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         *adapters.routes(state, authorize),  # LoRA adapters: load, unload, list
+        *usage_route.routes(state.usage, authorize),  # a request's final token counts, for billing
     ]
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
 
@@ -216,3 +221,11 @@ def _header_int(request: Request, name: str) -> int | None:
         return int(raw)
     except ValueError:
         raise errors.invalid(f"{name}: must be an integer, got {raw!r}", None, "invalid_header") from None
+
+
+def _allowance(request: Request) -> int | None:
+    """X-Token-Allowance: the tokens the gateway reserved for this request (prompt + completions)."""
+    allowance = _header_int(request, "x-token-allowance")
+    if allowance is not None and allowance < 0:
+        raise errors.invalid(f"x-token-allowance: must be >= 0, got {allowance}", None, "invalid_header")
+    return allowance

@@ -64,6 +64,10 @@ class WorkerConfig:
     retry_after: int = 1  # seconds, sent with 429 and 503
     max_n: int = 16  # completions per request at most (n, or n x prompts for a batch)
     default_max_tokens: int = 1024  # chat requests without max_tokens (capped by the context left)
+    # finished requests' token counts kept for the gateway's usage queries (usage_memory.py): at most
+    # this many, for at most this long (the gateway's sweeper asks within minutes of a gateway's death)
+    usage_memory_entries: int = 100_000
+    usage_memory_seconds: float = 3600.0
     # lifecycle
     drain_timeout: float = 30.0  # seconds to let in-flight requests finish after SIGTERM
     log_level: str = "info"
@@ -85,6 +89,10 @@ class WorkerConfig:
             raise ValueError(f"itl_guard_step_ms: must be > 0, got {self.itl_guard_step_ms}")
         if self.max_waiting < 1:
             raise ValueError(f"max_waiting: must be >= 1 (every request waits for the next step), got {self.max_waiting}")
+        if self.usage_memory_entries < 1:
+            raise ValueError(f"usage_memory_entries: must be >= 1, got {self.usage_memory_entries}")
+        if not self.usage_memory_seconds > 0:
+            raise ValueError(f"usage_memory_seconds: must be > 0, got {self.usage_memory_seconds}")
         if self.retry_after < 0:
             raise ValueError(f"retry_after: must be >= 0, got {self.retry_after}")
         if self.drain_timeout < 0:
@@ -164,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
              "drain_timeout": float, "max_model_len": _optional_int, "max_loras": int, "max_lora_rank": int,
              "max_cpu_loras": _optional_int, "itl_guard_priority": _optional_int, "itl_guard_tokens": int, "itl_guard_seqs": _optional_int,
              "itl_guard_step_tokens": _optional_int, "itl_guard_step_ms": _optional_float,
-             "threads": _optional_int}
+             "threads": _optional_int, "usage_memory_entries": int, "usage_memory_seconds": float}
     for f in fields(WorkerConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.type == "bool":

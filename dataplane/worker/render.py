@@ -193,9 +193,10 @@ class Renderer:
         reason = "tool_calls" if tools.kind == "required" and c.finish_reason == "stop" else c.finish_reason
         return {"role": "assistant", "content": None, "refusal": None, "tool_calls": calls}, reason
 
-    def event(self, choices: list[dict[str, Any]]) -> bytes:
-        """One SSE event per choice (OpenAI sends one choice per chunk), written in one send."""
-        return b"".join(self._prefix + orjson.dumps(ch) + self._suffix for ch in choices)
+    def event(self, choices: list[dict[str, Any]], frame: bytes = b"") -> bytes:
+        """One SSE event per choice (OpenAI sends one choice per chunk), written in one send; `frame`
+        (an accounting comment line, or nothing) opens each of them."""
+        return b"".join(frame + self._prefix + orjson.dumps(ch) + self._suffix for ch in choices)
 
     def usage_event(self, u: dict[str, Any]) -> bytes:
         return b"data: " + orjson.dumps({**self.head, "choices": [], "usage": u}) + b"\n\n"

@@ -1,4 +1,11 @@
-"""One request's generation as the client sees it: choices, usage, metrics, the final log line."""
+"""One request's generation as the client sees it: choices, usage, metrics, the final log line.
+
+Token counts come from the request's `RequestUsage` (usage_memory.py), which counts every token as
+it arrives from the engine; with `X-Tessera-Accounting: 1` each stream event opens with them as an
+SSE comment, `: usage {"prompt_tokens":P,"cached_tokens":C,"completion_tokens":G}`, so the gateway
+bills what was generated up to the last event it saw, not the deltas it relayed (a stop string held
+back by the detokenizer can put many tokens into one delta).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+import orjson
 from starlette.types import Receive
 
 from dataplane.outputs import CompletionOutput, RequestOutput
@@ -15,6 +23,7 @@ from dataplane.worker import errors
 from dataplane.worker.metrics import RequestTrace
 from dataplane.worker.render import DONE, Choice, Renderer, usage
 from dataplane.worker.tools import ToolMode
+from dataplane.worker.usage_memory import RequestUsage
 
 log = logging.getLogger("tessera.worker")
 
@@ -27,6 +36,7 @@ class RequestContext:
     cache_salt: str | None  # X-Cache-Salt: prefix-cache blocks are shared only within one salt
     receive: Receive  # the ASGI channel, watched for the client's disconnect
     started: float  # time.monotonic() when the request was accepted
+    accounting: bool = False  # X-Tessera-Accounting: 1 — open each stream event with the cumulative counts
 
 
 @dataclass(slots=True)
@@ -51,11 +61,13 @@ Events = AsyncIterator[tuple[int, RequestOutput]]
 
 class Generation:
     def __init__(self, job: Job, ctx: RequestContext, renderer: Renderer, trace: RequestTrace, events: Events,
-                 map_error: Callable[[BaseException], errors.WorkerError | None]) -> None:
+                 map_error: Callable[[BaseException], errors.WorkerError | None], counts: RequestUsage,
+                 on_finish: Callable[[str], None] = lambda status: None) -> None:
         self.job, self.ctx, self.r, self.trace, self.events = job, ctx, renderer, trace, events
         self.map_error = map_error
+        self.counts = counts  # fed by the events' source as deltas arrive (serving._merge)
+        self.on_finish = on_finish  # the usage memory's: final counts, by request id
         self.choices = [Choice(i) for i in range(job.num_choices)]
-        self.cached = [0] * len(job.prompts)
         self.queue_time: float | None = None
         self.status = "cancelled"  # until it ends otherwise: the client left, or the worker stopped
         self.done = False
@@ -73,7 +85,6 @@ class Generation:
 
     def _apply(self, item: tuple[int, RequestOutput], now: float) -> list[tuple[Choice, CompletionOutput]]:
         i, out = item
-        self.cached[i] = out.num_cached_tokens
         if out.finished and self.queue_time is None:
             self.queue_time = out.metrics.queue_time
         moved = []
@@ -88,8 +99,14 @@ class Generation:
         return moved
 
     def usage(self) -> dict:
-        return usage(sum(len(p) for p in self.job.prompts), sum(c.num_tokens for c in self.choices),
-                     sum(self.cached))
+        c = self.counts
+        return usage(c.prompt_tokens, c.completion_tokens, c.cached_tokens)
+
+    def _frame(self) -> bytes:
+        """The accounting comment that opens a stream event, when the gateway asked for it."""
+        if not self.ctx.accounting:
+            return b""
+        return b": usage " + orjson.dumps(self.counts.counts()) + b"\n"
 
     def _failure(self) -> errors.WorkerError | None:
         failed = next((c for c in self.choices if c.finish_reason == "error"), None)
@@ -113,7 +130,7 @@ class Generation:
             self.status = "ok"
             return self.r.response(self.choices, self.usage(), self.job.echo, self.job.params.n)
         finally:
-            self.finish()
+            await self.close()  # on a disconnect: the engine request aborted, then its final counts
 
     # -- streaming -----------------------------------------------------------------------------
     async def first(self) -> tuple[int, RequestOutput] | None:
@@ -121,12 +138,12 @@ class Generation:
         try:
             item = await self._next()
         except BaseException:
-            self.finish()
+            await self.close()
             raise
         if item is not None and any(o.finish_reason == "error" for o in item[1].outputs):
             self._apply(item, time.monotonic())
             failure = self._failure()
-            self.finish()
+            await self.close()
             raise failure  # type: ignore[misc]
         return item
 
@@ -134,7 +151,8 @@ class Generation:
         try:
             if self.job.echo is not None:
                 n = self.job.params.n
-                yield self.r.event([self.r.chunk(c, self.job.echo[c.index // n], None, None) for c in self.choices])
+                yield self.r.event([self.r.chunk(c, self.job.echo[c.index // n], None, None) for c in self.choices],
+                                   self._frame())
             while item is not None:
                 chunks = []
                 for c, o in self._apply(item, time.monotonic()):
@@ -143,33 +161,36 @@ class Generation:
                     if chunk is not None:
                         chunks.append(chunk)
                 if chunks:
-                    yield self.r.event(chunks)
+                    yield self.r.event(chunks, self._frame())
                 failure = self._failure()
                 if failure is not None:
-                    yield failure.sse_event()
+                    yield self._frame() + failure.sse_event()
                     return
                 try:
                     item = await self._next()
                 except errors.WorkerError as exc:
-                    yield exc.sse_event()
+                    yield self._frame() + exc.sse_event()
                     return
             if self.job.include_usage:
-                yield self.r.usage_event(self.usage())
+                yield self._frame() + self.r.usage_event(self.usage())
             self.status = "ok"
-            yield DONE
+            yield self._frame() + DONE
         finally:
             await self.close()
 
     async def close(self) -> None:
         """Abort what is still running in the engine, then account for the request (idempotent)."""
-        await self.events.aclose()  # type: ignore[attr-defined]
-        self.finish()
+        try:
+            await self.events.aclose()  # type: ignore[attr-defined]
+        finally:
+            self.finish()
 
     # -- the end -------------------------------------------------------------------------------
     def finish(self) -> None:
         if self.done:
             return
         self.done = True
+        self.on_finish(self.status)  # after the events closed: the counts are final
         reasons = [c.finish_reason for c in self.choices if c.finish_reason]
         if self.status == "cancelled":
             reasons += ["abort"] * sum(1 for c in self.choices if c.finish_reason is None)

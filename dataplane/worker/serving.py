@@ -1,6 +1,9 @@
 """One OpenAI request through the engine: parse, tokenize, check, generate, answer (whole or streamed).
 
-Errors the client can fix surface before anything is queued, as 400s naming the field. A stream
+Errors the client can fix surface before anything is queued, as 400s naming the field. The
+gateway's token allowance (`X-Token-Allowance`: what it reserved under the tenant's limits) is
+enforced here, where the prompt's real length is known: a prompt that leaves no room for its
+completions is refused, and the completions are cut so the whole request fits. A stream
 sends its headers with its first delta, not before: a full queue (429) or a failure on the first
 step (500) is then still an HTTP status, which the gateway can act on; afterwards a failure is
 reported in-band as `data: {"error": ...}`.
@@ -28,21 +31,25 @@ from dataplane.worker.protocol import ChatCompletionRequest, CompletionRequest, 
 from dataplane.worker.render import Renderer, TokenText
 from dataplane.worker.run import Generation, Job, RequestContext
 from dataplane.worker.streaming import EventStream, race_disconnect
+from dataplane.worker.usage_memory import RequestUsage, UsageMemory
 
 R = TypeVar("R", bound=GenerationRequest)
 
 
 
 class Serving:
-    def __init__(self, engine: AsyncLLM, config: WorkerConfig, metrics: WorkerMetrics) -> None:
+    def __init__(self, engine: AsyncLLM, config: WorkerConfig, metrics: WorkerMetrics,
+                 usage: UsageMemory | None = None) -> None:
         self.engine = engine
         self.config = config
         self.metrics = metrics
+        self.usage = usage if usage is not None else UsageMemory(config.usage_memory_entries,
+                                                                 config.usage_memory_seconds)
         self.text = TokenText(engine.tokenizer)
         self.active: set[str] = set()  # engine request ids in use
 
     # -- parsing and checks (nothing queued yet) -----------------------------------------------
-    def prepare_chat(self, raw: bytes) -> Job:
+    def prepare_chat(self, raw: bytes, allowance: int | None = None) -> Job:
         req = _parse(ChatCompletionRequest, raw)
         adapter = resolve_model(req.model, self.config.model_id, self.engine)
         conversation = req.conversation()
@@ -54,11 +61,11 @@ class Serving:
         except Exception as exc:  # noqa: BLE001 - the template refused the conversation (jinja raised)
             raise errors.invalid(f"messages: the chat template refused them: {exc}", "messages") from None
         max_tokens = self._max_tokens(req.requested_max_tokens, [ids], "messages", self.config.default_max_tokens)
-        job = self._job(req, True, [ids], max_tokens, req.num_logprobs, "messages", None, adapter)
+        job = self._job(req, True, [ids], max_tokens, req.num_logprobs, "messages", None, adapter, allowance)
         job.tools = tool_mode
         return job
 
-    def prepare_completion(self, raw: bytes) -> Job:
+    def prepare_completion(self, raw: bytes, allowance: int | None = None) -> Job:
         req = _parse(CompletionRequest, raw)
         adapter = resolve_model(req.model, self.config.model_id, self.engine)
         prompts = req.prompts()
@@ -66,7 +73,7 @@ class Serving:
         ids = [tok.encode(p) if isinstance(p, str) else p for p in prompts]
         echo = [p if isinstance(p, str) else tok.decode(p) for p in prompts] if req.echo else None
         max_tokens = self._max_tokens(req.max_tokens, ids, "prompt", 16)  # 16: OpenAI's completions default
-        return self._job(req, False, ids, max_tokens, req.logprobs, "prompt", echo, adapter)
+        return self._job(req, False, ids, max_tokens, req.logprobs, "prompt", echo, adapter, allowance)
 
     def _max_tokens(self, requested: int | None, prompts: list[list[int]], param: str, default: int) -> int:
         limit, longest = self.engine.max_model_len, max(len(p) for p in prompts)
@@ -79,7 +86,7 @@ class Serving:
         return requested  # < 1 is refused by SamplingParams, naming max_tokens
 
     def _job(self, req: GenerationRequest, chat: bool, prompts: list[list[int]], max_tokens: int, logprobs: int | None,
-             param: str, echo: list[str] | None, adapter: str | None = None) -> Job:
+             param: str, echo: list[str] | None, adapter: str | None = None, allowance: int | None = None) -> Job:
         try:
             params = req.sampling_params(max_tokens, logprobs)
         except ValueError as exc:
@@ -87,6 +94,8 @@ class Serving:
         if params.n * len(prompts) > self.config.max_n:
             raise errors.invalid(f"n: at most {self.config.max_n} completions per request on this worker "
                                  f"(asked for {params.n * len(prompts)})", "n")
+        if allowance is not None:
+            params.max_tokens = _within_allowance(allowance, prompts, params.n, params.max_tokens, param)
         return Job(chat, prompts, params, bool(req.stream), req.include_usage, req.priority, echo, adapter)
 
     # -- running -------------------------------------------------------------------------------
@@ -102,33 +111,36 @@ class Serving:
                      model=job.adapter or self.config.model_id, include_usage=job.include_usage,
                      logprobs=job.params.logprobs is not None, text=self.text, tools=job.tools)
         param = "messages" if job.chat else "prompt"
-        events = self._events(job, ctx, prio)
-        gen = Generation(job, ctx, r, trace, events, lambda exc: self.engine_error(exc, param))
+        usage = self.usage.start(ctx.request_id, sum(len(p) for p in job.prompts), len(job.prompts))
+        events = self._events(job, ctx, prio, usage)
+        gen = Generation(job, ctx, r, trace, events, lambda exc: self.engine_error(exc, param), usage,
+                         lambda status: self.usage.finish(usage, status))
         try:
             if not job.stream:
                 return Response(await race_disconnect(ctx.receive, gen.collect()), media_type="application/json")
             first = await race_disconnect(ctx.receive, gen.first())
         except BaseException:
-            await events.aclose()
+            await gen.close()  # also when the work was cancelled before it began: aborted and accounted
             raise
         return EventStream(gen.stream(first), gen.close)
 
-    async def _events(self, job: Job, ctx: RequestContext, priority: int
+    async def _events(self, job: Job, ctx: RequestContext, priority: int, usage: RequestUsage
                       ) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """Deltas of every prompt of the job, tagged with the prompt's index; aborts all on close."""
+        """Deltas of every prompt of the job, tagged with the prompt's index; aborts all on close.
+
+        Each delta is counted into `usage` as it arrives from the engine, not as the client takes
+        it: tokens still queued behind a slow client when it leaves were generated, and are billed."""
         ids = [self._claim(ctx.request_id if len(job.prompts) == 1 else f"{ctx.request_id}-{i}")
                for i in range(len(job.prompts))]
         gens = [self.engine.generate(p, job.params, request_id=rid, priority=priority, cache_salt=ctx.cache_salt,
                                      adapter=job.adapter)
                 for p, rid in zip(job.prompts, ids, strict=True)]
+        merged = _merge(gens, usage)
         try:
-            if len(gens) == 1:
-                async for out in gens[0]:
-                    yield 0, out
-            else:
-                async for item in _merge(gens):
-                    yield item
+            async for item in merged:
+                yield item
         finally:
+            await merged.aclose()  # stops the pumps first: a generator a pump is inside cannot be closed
             for g in gens:
                 await g.aclose()  # aborts the engine request if it has not finished
             self.active.difference_update(ids)
@@ -177,13 +189,27 @@ def _priority(header: int | None, body: int | None) -> int:
     return header if body is None else max(header, body)
 
 
-async def _merge(gens: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Interleave several prompts' deltas as they come; the first failure ends the whole batch."""
+def _within_allowance(allowance: int, prompts: list[list[int]], n: int, max_tokens: int, param: str) -> int:
+    """Per-choice max_tokens such that prompt + every completion fits the gateway's allowance."""
+    prompt_tokens, choices = sum(len(p) for p in prompts), len(prompts) * n
+    if prompt_tokens + choices > allowance:  # not even one token per completion
+        raise errors.WorkerError(
+            f"The prompt has {prompt_tokens} tokens; this request was allowed {allowance} tokens in all under your "
+            f"limits (prompt + completions), which leaves no room for its {choices} completion(s). Shorten the "
+            f"{param} or ask for fewer completions.", status=400, code="token_allowance_exceeded", param=param)
+    return min(max_tokens, (allowance - prompt_tokens) // choices)
+
+
+async def _merge(gens: list[AsyncIterator[RequestOutput]], usage: RequestUsage
+                 ) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave the prompts' deltas as they come, counting each into `usage` on arrival (a task per
+    prompt drains the engine's queue whatever the client's pace); the first failure ends the batch."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, gen: AsyncIterator[RequestOutput]) -> None:
         try:
             async for out in gen:
+                usage.add(i, out.num_cached_tokens, sum(len(o.token_ids) for o in out.outputs))
                 queue.put_nowait((i, out))
         except Exception as exc:  # noqa: BLE001 - handed to the consumer
             queue.put_nowait((i, exc))

@@ -242,3 +242,26 @@ def test_disconnect_mid_stream_frees_the_requests_blocks(worker):
     abort = 'tessera:request_success_total{finished_reason="abort",model_name="smollm2-135m-instruct",priority="0"}'
     assert after.get(abort, 0) == before.get(abort, 0) + 1
     assert after["tessera:time_to_first_token_seconds_count"] > 0
+
+
+def test_a_gateway_that_leaves_mid_stream_reads_the_final_count_over_http(worker):
+    """The gateway's view of a partial stream: cumulative counts on each event, then — right after it
+    drops the connection — the usage route with `wait` gives the final figure of the aborted request."""
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    headers = {**worker.headers, "X-Request-Id": "req_gone", "X-Tessera-Accounting": "1"}
+    frames = []
+    with httpx.stream("POST", worker.url + "/v1/completions", json=body, headers=headers, timeout=60) as r:
+        lines = r.iter_lines()  # held: a collected line iterator would close the response
+        for line in lines:
+            if line.startswith(": usage "):
+                frames.append(json.loads(line[len(": usage "):]))
+            elif line.startswith("data: ") and len(frames) == 3:
+                break
+    usage = worker.url + "/tessera/v1/requests/{}/usage"
+    answer = httpx.get(usage.format("req_gone"), params={"wait": 5}, headers=worker.headers, timeout=10).json()
+    assert (answer["request_id"], answer["state"], answer["status"]) == ("req_gone", "finished", "cancelled")
+    assert frames[-1]["completion_tokens"] >= 3 and frames[-1]["prompt_tokens"] == answer["prompt_tokens"] == 4
+    assert frames[-1]["completion_tokens"] <= answer["completion_tokens"] < 400
+    unknown = httpx.get(usage.format("never-sent"), headers=worker.headers, timeout=10)
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "request_not_found"
+    assert httpx.get(usage.format("req_gone"), timeout=10).status_code == 401
