@@ -26,10 +26,22 @@ def test_flags_over_environment_over_defaults():
     (["--model", "m", "--kv-cache-memory", "lots"], {}, "kv_cache_memory"),
     (["--model", "m"], {"TESSERA_WORKER_PORT": "eighty"}, "port"),
     (["--model", "m"], {"TESSERA_WORKER_ENABLE_PREFIX_CACHING": "maybe"}, "enable_prefix_caching"),
+    (["--model", "m", "--usage-memory-entries", "0"], {}, "usage_memory_entries"),
+    (["--model", "m"], {"TESSERA_WORKER_USAGE_MEMORY_SECONDS": "0"}, "usage_memory_seconds"),
 ])
 def test_bad_settings_name_the_field(argv, env, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
         load_config(argv, env)
+
+
+def test_usage_memory_bounds_reach_the_worker_state():
+    from dataplane.worker.app import WorkerState
+
+    c = load_config(["--model", "x", "--usage-memory-entries", "500"], {"TESSERA_WORKER_USAGE_MEMORY_SECONDS": "90.5"})
+    usage = WorkerState(c).usage
+    assert (usage.max_entries, usage.max_age) == (500, 90.5)
+    defaults = load_config(["--model", "x"], {})
+    assert (defaults.usage_memory_entries, defaults.usage_memory_seconds) == (100_000, 3600.0)
 
 
 def test_weight_dtype_reaches_the_engine_config():
