@@ -68,6 +68,9 @@ class WorkerConfig:
     # this many, for at most this long (the gateway's sweeper asks within minutes of a gateway's death)
     usage_memory_entries: int = 100_000
     usage_memory_seconds: float = 3600.0
+    # structured outputs: a grammar must compile within this many seconds (a killable child process
+    # probes it first, dataplane/structured/compile_process.py) or the request is a 400; 0: no deadline
+    grammar_compile_timeout: float = 10.0
     # lifecycle
     drain_timeout: float = 30.0  # seconds to let in-flight requests finish after SIGTERM
     log_level: str = "info"
@@ -93,6 +96,8 @@ class WorkerConfig:
             raise ValueError(f"usage_memory_entries: must be >= 1, got {self.usage_memory_entries}")
         if not self.usage_memory_seconds > 0:
             raise ValueError(f"usage_memory_seconds: must be > 0, got {self.usage_memory_seconds}")
+        if not self.grammar_compile_timeout >= 0:
+            raise ValueError(f"grammar_compile_timeout: must be >= 0 seconds (0: no deadline), got {self.grammar_compile_timeout}")
         if self.retry_after < 0:
             raise ValueError(f"retry_after: must be >= 0, got {self.retry_after}")
         if self.drain_timeout < 0:
@@ -127,7 +132,7 @@ class WorkerConfig:
             "enable_prefix_caching": self.enable_prefix_caching, "seed": self.seed, "progress": False,
             "itl_guard_priority": self.itl_guard_priority, "itl_guard_tokens": self.itl_guard_tokens,
             "itl_guard_seqs": self.itl_guard_seqs, "itl_guard_step_tokens": self.itl_guard_step_tokens,
-            "itl_guard_step_ms": self.itl_guard_step_ms,
+            "itl_guard_step_ms": self.itl_guard_step_ms, "grammar_compile_timeout": self.grammar_compile_timeout or None,
             **({"enable_lora": True, "max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank,
                 "max_cpu_loras": self.max_cpu_loras} if self.enable_lora else {}),
         }
@@ -172,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
              "drain_timeout": float, "max_model_len": _optional_int, "max_loras": int, "max_lora_rank": int,
              "max_cpu_loras": _optional_int, "itl_guard_priority": _optional_int, "itl_guard_tokens": int, "itl_guard_seqs": _optional_int,
              "itl_guard_step_tokens": _optional_int, "itl_guard_step_ms": _optional_float,
-             "threads": _optional_int, "usage_memory_entries": int, "usage_memory_seconds": float}
+             "threads": _optional_int, "usage_memory_entries": int, "usage_memory_seconds": float,
+             "grammar_compile_timeout": float}
     for f in fields(WorkerConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.type == "bool":

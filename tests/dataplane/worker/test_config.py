@@ -53,3 +53,12 @@ def test_weight_dtype_reaches_the_engine_config():
     # AsyncLLM hands it to ModelConfig, which refuses a combination it cannot run before any load.
     with pytest.raises(ValueError, match="^weight_dtype: float16 weights under bfloat16"):
         AsyncLLM.from_args("x", **{**c.engine_kwargs(), "dtype": "bfloat16"})
+
+
+def test_grammar_compile_deadline_reaches_the_engine():
+    assert load_config(["--model", "x"], {}).engine_kwargs()["grammar_compile_timeout"] == 10.0
+    assert load_config(["--model", "x", "--grammar-compile-timeout", "2.5"], {}).engine_kwargs()["grammar_compile_timeout"] == 2.5
+    off = load_config(["--model", "x"], {"TESSERA_WORKER_GRAMMAR_COMPILE_TIMEOUT": "0"})
+    assert off.engine_kwargs()["grammar_compile_timeout"] is None  # 0: compiled in-process, no deadline
+    with pytest.raises(ValueError, match="grammar_compile_timeout"):
+        load_config(["--model", "x", "--grammar-compile-timeout", "-1"], {})
