@@ -7,7 +7,12 @@ Services raise `ApplicationError`; the gateway renders it as OpenAI's error body
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+from django.db import DataError
+
+log = logging.getLogger("tessera.api")
 
 # The OpenAI error `type` that goes with each status code.
 _OPENAI_TYPES = {
@@ -61,12 +66,20 @@ def drf_exception_handler(exc: Exception, context: dict[str, Any]):
     from rest_framework import exceptions as drf_exceptions
     from rest_framework.response import Response
     from rest_framework.views import exception_handler as drf_default_handler
+    from rest_framework.views import set_rollback
 
     if isinstance(exc, ApplicationError):
         data: dict[str, Any] = {"detail": exc.message, "code": exc.code}
         if exc.param:
             data["param"] = exc.param
         return Response(data, status=exc.status, headers=exc.headers)
+    if isinstance(exc, DataError):
+        # The database refused a value the client sent (a NUL byte in a query parameter or a slug
+        # lookup, a number out of range): the client's error, not a 500 that burns the SLO.
+        log.warning("database refused a request's value: %s", exc, extra={"path": getattr(context.get("request"), "path", None)})
+        set_rollback()
+        return Response({"detail": "A value in the request is not acceptable (out of range or an invalid character).",
+                         "code": "invalid_value"}, status=400)
     if isinstance(exc, drf_exceptions.NotAuthenticated | drf_exceptions.AuthenticationFailed):
         # DRF answers 403 when no authenticator sends WWW-Authenticate; say 401 like the gateway does.
         response = drf_default_handler(exc, context)
