@@ -18,7 +18,8 @@ from django.db.models import Sum
 
 from billing.models import UsageRecord
 from controlplane.gateway.models import InflightRequest
-from tenants.models import BudgetPeriod
+from tenants.limits import get_limiter, period_start
+from tenants.limits.base import from_nano
 from tests.dataplane.worker.process import MODEL, TOKEN, WorkerProcess
 
 from .test_live_gateway import wait_for
@@ -92,7 +93,8 @@ def test_64_racers_never_exceed_a_hard_token_budget(real_gateway, tenant_key, li
     assert len(usages) >= 5 and refused >= 1, (len(usages), refused)
     assert served <= budget, f"served {served} tokens against a hard budget of {budget}"
     assert billed == served  # every token the clients were told about is in the ledger, and nothing else
-    assert BudgetPeriod.objects.get(tenant=tenant).tokens == served  # the limiter settled to exactly that
+    tokens, _ = get_limiter().usage_sync(tenant_id=tenant.pk, period=period_start())
+    assert tokens == served  # the limiter settled to exactly that
 
 
 @pytest.mark.parametrize("limiter", ["database", "redis"])
@@ -114,6 +116,8 @@ def test_64_racers_never_exceed_a_hard_spend_budget(real_gateway, tenant_key, li
     assert len(usages) >= 5 and refused >= 1, (len(usages), refused)
     assert served <= budget, f"served ${served} against a hard spend budget of ${budget}"
     assert billed == served
+    _, spend_nano = get_limiter().usage_sync(tenant_id=tenant.pk, period=period_start())
+    assert from_nano(spend_nano) == served
 
 
 def test_a_stream_left_at_the_first_finish_reason_is_billed_every_generated_token(real_gateway, metering_worker,
