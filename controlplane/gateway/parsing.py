@@ -9,7 +9,15 @@ The gateway has no tokenizer: the prompt is estimated from the UTF-8 size of eve
 worker renders, erring high (3 bytes per token): message contents, roles, names, tool-call ids,
 assistant `tool_calls` and `tools` (as JSON), + 8 tokens per message and, per chat request, the
 chat template's own overhead (TESSERA_CHAT_TEMPLATE_TOKENS: default system prompt, markers).
-The reservation is that estimate + max_tokens × n, so it rarely falls short; settle corrects it.
+The reservation is that estimate + max_tokens × n; settle corrects it to what was served.
+
+3 bytes per token errs high for English prose (~4.4 on SmolLM2) but not for code (~2.2), JSON
+(~1.8), CJK text (~1.4) or digits (1.0). That is fine for rate limits, which settle charges the
+difference, but not for a hard budget, where the reservation is also the worker's allowance
+(`X-Token-Allowance`: it refuses or truncates what does not fit). So `prompt_bound` is a true upper
+bound as well: one token per UTF-8 byte (a byte-level BPE or byte-fallback tokenizer never makes
+more tokens than bytes), plus the same per-message and template overheads; the gateway reserves
+with it for tenants under a hard budget (proxy.reserve).
 """
 
 from __future__ import annotations
@@ -37,7 +45,8 @@ class ParsedRequest:
     model: str
     stream: bool
     wants_usage: bool  # client asked for stream_options.include_usage
-    prompt_estimate: int  # tokens, estimated
+    prompt_estimate: int  # tokens, estimated (3 bytes a token)
+    prompt_bound: int  # tokens, at most (1 byte a token): what a hard budget reserves
     max_completion: int  # per choice: max_tokens, or the default reservation when omitted
     n: int
     prefix: bytes  # what identifies a shared prefix (system prompt / first message)
@@ -45,6 +54,10 @@ class ParsedRequest:
     @property
     def reserve_tokens(self) -> int:
         return self.prompt_estimate + self.max_completion * self.n
+
+    @property
+    def bound_tokens(self) -> int:
+        return self.prompt_bound + self.max_completion * self.n
 
 
 def invalid(message: str, param: str | None = None, code: str = "invalid_request") -> ApplicationError:
@@ -139,7 +152,7 @@ def _message_bytes(i: int, message: Any) -> tuple[str, str, int]:
     return role, text, size
 
 
-def _chat(body: dict) -> tuple[int, bytes, int | None]:
+def _chat(body: dict) -> tuple[int, int, bytes, int | None]:
     messages = body.get("messages")
     if messages is None:
         raise invalid("Missing required parameter: 'messages'.", "messages", "missing_required_parameter")
@@ -159,25 +172,28 @@ def _chat(body: dict) -> tuple[int, bytes, int | None]:
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
             raise _type_error("tools", "an array of tool objects")
         size += _json_size(tools)
-    estimate = (-(-size // BYTES_PER_TOKEN) + TOKENS_PER_MESSAGE * len(messages)
-                + settings.TESSERA_CHAT_TEMPLATE_TOKENS)
+    overhead = TOKENS_PER_MESSAGE * len(messages) + settings.TESSERA_CHAT_TEMPLATE_TOKENS
+    estimate, bound = -(-size // BYTES_PER_TOKEN) + overhead, size + overhead
     prefix = f"{first_role}\x00{first_text}".encode("utf-8", "surrogatepass")
     max_completion = _positive_int(body, "max_completion_tokens") or _positive_int(body, "max_tokens")
-    return estimate, prefix, max_completion
+    return estimate, bound, prefix, max_completion
 
 
-def _completions(body: dict) -> tuple[int, bytes, int]:
-    """(estimate, prefix, prompts): a string, strings, token ids or arrays of token ids, as the worker takes."""
+def _completions(body: dict) -> tuple[int, int, bytes, int]:
+    """(estimate, bound, prefix, prompts): a string, strings, token ids or arrays of token ids, as the
+    worker takes. The bound allows one special token (BOS) per text prompt; token ids are exact."""
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return estimate_tokens(prompt), prompt[:AFFINITY_CHARS].encode("utf-8", "surrogatepass"), 1
+        return estimate_tokens(prompt), _size(prompt) + 1, prompt[:AFFINITY_CHARS].encode("utf-8", "surrogatepass"), 1
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return sum(estimate_tokens(p) for p in prompt), prompt[0][:AFFINITY_CHARS].encode("utf-8", "surrogatepass"), len(prompt)
+            return (sum(estimate_tokens(p) for p in prompt), sum(_size(p) + 1 for p in prompt),
+                    prompt[0][:AFFINITY_CHARS].encode("utf-8", "surrogatepass"), len(prompt))
         if all(_is_int(p) for p in prompt):  # token ids: count them, not their digits
-            return len(prompt), ",".join(map(str, prompt[:AFFINITY_CHARS])).encode(), 1
+            return len(prompt), len(prompt), ",".join(map(str, prompt[:AFFINITY_CHARS])).encode(), 1
         if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
-            return sum(map(len, prompt)), ",".join(map(str, prompt[0][:AFFINITY_CHARS])).encode(), len(prompt)
+            exact = sum(map(len, prompt))
+            return exact, exact, ",".join(map(str, prompt[0][:AFFINITY_CHARS])).encode(), len(prompt)
     if prompt is None:
         raise invalid("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter")
     raise invalid("'prompt' must be a string, an array of strings, an array of token ids or an array of "
@@ -200,14 +216,15 @@ def parse(raw: bytes, kind: str) -> ParsedRequest:
     n = _positive_int(body, "n", MAX_N) or 1
 
     if kind == "chat":
-        prompt_estimate, prefix, max_completion = _chat(body)
+        prompt_estimate, prompt_bound, prefix, max_completion = _chat(body)
     else:
-        prompt_estimate, prefix, prompts = _completions(body)
+        prompt_estimate, prompt_bound, prefix, prompts = _completions(body)
         n *= prompts
         max_completion = _positive_int(body, "max_tokens")
     if max_completion is None:
         max_completion = settings.TESSERA_DEFAULT_MAX_TOKENS
-    return ParsedRequest(kind, body, model, stream, wants_usage, prompt_estimate, max_completion, n, prefix)
+    return ParsedRequest(kind, body, model, stream, wants_usage, prompt_estimate, prompt_bound, max_completion, n,
+                         prefix)
 
 
 def affinity_key(parsed: ParsedRequest, cache_salt: str) -> bytes:

@@ -3,9 +3,11 @@
 Every response carries `x-request-id` (gateway-assigned: a client cannot pick the id billing
 deduplicates on). Once a reservation is made, exactly one `Meter.finish` follows on every path.
 
-The reservation bounds what the worker may serve: the worker is told the reserved tokens
-(`X-Token-Allowance`), refuses a prompt that alone exceeds them and clamps completions to the
-rest, so tokens served ≤ tokens reserved ≤ budget under any concurrency. Once a worker has accepted
+Under a hard budget the reservation bounds what the worker may serve: the prompt is reserved at
+its upper bound (parsing.py), the worker is told the reserved tokens (`X-Token-Allowance`), refuses
+a prompt that alone exceeds them and clamps completions to the rest, so tokens served ≤ tokens
+reserved ≤ budget under any concurrency. Other tenants' reservations use the typical estimate and
+carry no allowance (their limits settle to what was served; nothing is cut short). Once a worker has accepted
 the request, and before the first byte goes to the client, the request is written to the usage
 journal (journal.py), so a gateway that dies mid-request leaves a row for the sweeper.
 """
@@ -76,13 +78,26 @@ def authorize(principal: KeyPrincipal, target: ModelTarget) -> None:
         )
 
 
+def exact(limits) -> bool:
+    """Whether this tenant's limits promise exactness: a hard monthly token or spend budget."""
+    return limits.hard_budget and (limits.monthly_token_budget is not None or limits.monthly_spend_budget is not None)
+
+
+def reserved_prompt(principal: KeyPrincipal, parsed: parsing.ParsedRequest) -> int:
+    """Under a hard budget the prompt is reserved at its upper bound, because the reservation is then
+    the worker's allowance; otherwise at the estimate (rate limits settle any difference)."""
+    return parsed.prompt_bound if exact(principal.limits) else parsed.prompt_estimate
+
+
 async def reserve(principal: KeyPrincipal, parsed: parsing.ParsedRequest, target: ModelTarget, request_id: str):
     spend = 0
+    prompt = reserved_prompt(principal, parsed)
+    tokens = prompt + parsed.max_completion * parsed.n
     if principal.limits.monthly_spend_budget is not None:
         try:
             spend = await accounting.reservation_spend_nano(
-                target=target, tier=principal.limits.tier, prompt_estimate=parsed.prompt_estimate,
-                allowance=parsed.reserve_tokens, at=dt.datetime.now(dt.UTC),
+                target=target, tier=principal.limits.tier, prompt_estimate=prompt,
+                allowance=tokens, at=dt.datetime.now(dt.UTC),
             )
         except ImportError as exc:
             log.error("cannot enforce a spend budget: %s", exc, extra={"request_id": request_id})
@@ -90,7 +105,7 @@ async def reserve(principal: KeyPrincipal, parsed: parsing.ParsedRequest, target
                 "Spend budgets cannot be enforced right now (billing is not available).",
                 code="billing_unavailable", status=503,
             ) from exc
-    plan = LimitPlan(principal.tenant_id, request_id, principal.limits, parsed.reserve_tokens, spend)
+    plan = LimitPlan(principal.tenant_id, request_id, principal.limits, tokens, spend)
     limiter = get_limiter()
     period = period_start()
     decision = await limiter.reserve(plan)
@@ -113,7 +128,6 @@ async def open_upstream(
 ) -> tuple[Worker, httpx.Response]:
     """Send to the best worker; on a connection failure before the first byte, try another. The usage
     journal learns the worker before the worker learns the request."""
-    allowance = meter.plan.tokens
     registry = get_registry()
     key = parsing.affinity_key(parsed, principal.cache_salt)
     body = parsing.upstream_body(request.body, parsed)
@@ -124,10 +138,11 @@ async def open_upstream(
         "X-Tenant-Id": principal.tenant_slug,
         "X-Priority": str(principal.limits.priority),
         "X-Cache-Salt": principal.cache_salt,
-        "X-Token-Allowance": str(allowance),  # the worker serves at most what was reserved
         "X-Tessera-Accounting": "1",  # its cumulative counts on every stream event
         **upstream.worker_auth_headers(),
     }
+    if exact(principal.limits):
+        headers["X-Token-Allowance"] = str(meter.plan.tokens)  # a hard budget: serve at most what was reserved
     client = upstream.client()
     tried: set[str] = set()
     last_error: Exception | None = None
@@ -218,7 +233,7 @@ async def _journal(meter: Meter, parsed: parsing.ParsedRequest, worker_url: str)
             await journal.admit(journal.Admission(
                 request_id=meter.request_id, tenant_id=meter.principal.tenant_id, api_key_id=meter.principal.key_id,
                 model=meter.target.base, adapter=meter.target.adapter, tier=meter.principal.limits.tier,
-                prompt_estimate=parsed.prompt_estimate, reserved_tokens=meter.plan.tokens,
+                prompt_estimate=reserved_prompt(meter.principal, parsed), reserved_tokens=meter.plan.tokens,
                 reserved_spend_nano=meter.plan.spend_nano, period_start=meter.period, worker_url=worker_url,
                 created_at=meter.created_at,
             ))

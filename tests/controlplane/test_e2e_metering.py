@@ -124,9 +124,11 @@ def test_a_stream_left_at_the_first_finish_reason_is_billed_every_generated_toke
                                                                                    tenant_key):
     """The issue's reproduction: n=2, ignore_eos and a long stop string that never matches, so the
     detokenizer holds a whole choice back and it arrives in one chunk. The client reads until the
-    first finish_reason and leaves: counting SSE deltas billed a fraction of what it received."""
+    first finish_reason and leaves: counting SSE deltas billed a fraction of what it received. (The
+    issue's 400-character stop string is now refused: stop strings are capped at 256 characters, which
+    still hold back a whole 40-token choice.)"""
     tenant, secret = tenant_key.sync()
-    body = {"model": MODEL, "n": 2, "temperature": 1, "max_tokens": 120, "ignore_eos": True, "stream": True,
+    body = {"model": MODEL, "n": 2, "temperature": 1, "max_tokens": 40, "ignore_eos": True, "stream": True,
             "stop": ["\u00a7" * 256], "messages": [{"role": "user", "content": "Tell me a story."}]}
     deltas = 0
     with httpx.Client(timeout=300) as client:
@@ -146,6 +148,23 @@ def test_a_stream_left_at_the_first_finish_reason_is_billed_every_generated_toke
     reported = httpx.get(f"{metering_worker.url}/tessera/v1/requests/{request_id}/usage",
                          headers=metering_worker.headers, timeout=10).json()
     assert reported["state"] == "finished"
-    assert record.completion_tokens == reported["completion_tokens"] >= 120  # one choice ran to its 120
-    assert record.completion_tokens > 2 * deltas  # what the old delta count would have billed, and more
+    assert record.completion_tokens == reported["completion_tokens"] >= 40  # one choice ran to its 40
+    assert deltas <= 4 < record.completion_tokens  # the old delta count billed at most 4
     assert record.prompt_tokens == reported["prompt_tokens"] > 0 and record.status == "partial"
+
+
+def test_a_prompt_the_estimate_undercounts_is_served_in_full_under_a_hard_budget(real_gateway, gateway, tenant_key):
+    """SmolLM2 makes each digit a token: 300 digits are ~300 tokens where 3 bytes a token says 100. With
+    the estimate as the worker's allowance the request was refused (400 token_allowance_exceeded); a
+    hard budget reserves the prompt's upper bound instead (1 token a byte + the template's overhead)."""
+    gateway.TESSERA_CHAT_TEMPLATE_TOKENS = 32  # the default: SmolLM2's template adds ~25
+    tenant, secret = tenant_key.sync(monthly_token_budget=100_000, budget_enforcement="hard")
+    body = {"model": MODEL, "max_tokens": 20, "temperature": 0, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "Repeat these digits: " + "1234567890" * 30}]}
+    response = httpx.post(f"{real_gateway}/v1/chat/completions", json=body, timeout=300,
+                          headers={"Authorization": f"Bearer {secret}"})
+    assert response.status_code == 200, response.text
+    usage = response.json()["usage"]
+    assert usage["prompt_tokens"] > 300 and usage["completion_tokens"] == 20  # not cut short
+    assert response.json()["choices"][0]["finish_reason"] == "length"
+    _settled(tenant)

@@ -28,7 +28,8 @@ async def wait_until(condition, timeout: float = 15.0) -> bool:
 
 
 async def fifty_against_ten(tenant_key, workers, drain, **budget):
-    reserve = parsing.parse(json.dumps(BODY).encode(), "chat").reserve_tokens
+    parsed = parsing.parse(json.dumps(BODY).encode(), "chat")
+    reserve = parsed.bound_tokens if "monthly_token_budget" in budget else parsed.reserve_tokens  # a hard budget reserves the bound
     if "monthly_token_budget" in budget:
         budget["monthly_token_budget"] = 10 * reserve
     _, secret = await tenant_key(**budget)

@@ -71,7 +71,7 @@ def test_a_worker_that_cannot_say_leaves_the_counts_of_the_last_relayed_event(li
 
 def test_the_reservation_is_the_workers_allowance_and_the_journal_holds_the_request_meanwhile(
         live_gateway, tenant_key, workers):
-    tenant, secret = tenant_key.sync()
+    tenant, secret = tenant_key.sync(monthly_token_budget=100_000, budget_enforcement="hard")
     for w in workers:
         w.hold = threading.Event()
     outcome = {}
@@ -88,6 +88,11 @@ def test_the_reservation_is_the_workers_allowance_and_the_journal_holds_the_requ
     assert len(rows) == 1 and rows[0].request_id == received.headers["x-request-id"]
     assert rows[0].tenant_id == tenant.pk and rows[0].worker_url in {w.url for w in workers}
     assert int(received.headers["x-token-allowance"]) == rows[0].reserved_tokens == rows[0].prompt_estimate + 5
+    # Under a hard budget the prompt is reserved at its bound: one token per byte the template renders.
+    from controlplane.gateway import parsing
+
+    parsed = parsing.parse(__import__("json").dumps({**CHAT, "max_tokens": 5}).encode(), "chat")
+    assert rows[0].prompt_estimate == parsed.prompt_bound > parsed.prompt_estimate
     assert received.headers["x-tessera-accounting"] == "1"
     for w in workers:
         w.release()
@@ -210,3 +215,13 @@ def test_celery_task_runs_the_sweep(gateway, tenant_key, workers):
 
     assert tasks.usage_sweep.apply().get()["billed_from_worker"] == 1
     assert sink.EVENTS[0].completion_tokens == 2
+
+
+def test_without_a_hard_budget_the_worker_gets_no_allowance(live_gateway, tenant_key, workers):
+    """Rate limits settle to what was served; a low estimate must not cut a request short."""
+    _, secret = tenant_key.sync(tokens_per_minute=100_000, monthly_token_budget=100_000, budget_enforcement="soft")
+    response = httpx.post(f"{live_gateway}/v1/chat/completions", json={**CHAT, "max_tokens": 3},
+                          headers={"Authorization": f"Bearer {secret}"}, timeout=10)
+    assert response.status_code == 200
+    (received,) = [r for w in workers for r in w.received]
+    assert "x-token-allowance" not in received.headers and received.headers["x-tessera-accounting"] == "1"
