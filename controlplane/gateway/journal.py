@@ -1,7 +1,8 @@
 """The usage journal's writes (models.InflightRequest): admit before the first byte, forget with the ledger row.
 
-`admit` runs on the request path, after a worker is picked and before it is sent the request, so
-it is one INSERT (`move` follows only when that worker fails to connect and another is tried). `forget` runs inside the transaction that
+`admit` runs on the request path, after a worker is picked and before it is sent the request: one
+INSERT, group-committed by the usage writer's thread with the other rows queued at the same time
+(usage_writer.py); `move` follows only when that worker fails to connect and another is tried. `forget` runs inside the transaction that
 writes the ledger rows (usage_writer.py, usage_queue.py), so a request is either in the journal or
 in the ledger, never in neither; a crash between the two leaves it in both, which the sweeper's
 idempotent ingest (first write wins) and the limiter's idempotent settle turn into one bill.
@@ -32,17 +33,41 @@ class Admission:
     created_at: dt.datetime
 
 
-def _insert(admission: Admission) -> None:
+def insert(admissions: list[Admission]) -> None:
+    """Write journal rows (the usage writer's thread, inside its batch transaction)."""
     from .models import InflightRequest
 
-    fields = {name: getattr(admission, name) for name in Admission.__slots__}
-    fields["adapter"] = admission.adapter or ""
-    InflightRequest.objects.create(**fields)
+    if not admissions:
+        return
+    rows = []
+    for admission in admissions:
+        fields = {name: getattr(admission, name) for name in Admission.__slots__}
+        fields["adapter"] = admission.adapter or ""
+        rows.append(InflightRequest(**fields))
+    InflightRequest.objects.bulk_create(rows)
 
 
 async def admit(admission: Admission) -> None:
-    """Durable before it returns; raises if the database cannot take it (the caller refuses the request)."""
-    await db_call(_insert, admission)
+    """Durable before it returns (group-committed by the process's usage writer with whatever else is
+    queued); raises if the database cannot take it (the caller refuses the request)."""
+    from . import usage_writer
+
+    await usage_writer.writer_for(_sync_sink()).admit(admission)
+
+
+def _sync_sink():
+    """The configured ledger sink when it is a plain function (its writer thread takes the journal's
+    rows too, so one thread writes everything), else None: a writer for journal rows only."""
+    import asyncio
+
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    try:
+        sink = import_string(settings.TESSERA_USAGE_SINK)
+    except ImportError:
+        return None
+    return None if asyncio.iscoroutinefunction(sink) else sink
 
 
 def _move(request_id: str, worker_url: str) -> None:

@@ -225,3 +225,27 @@ def test_without_a_hard_budget_the_worker_gets_no_allowance(live_gateway, tenant
     assert response.status_code == 200
     (received,) = [r for w in workers for r in w.received]
     assert "x-token-allowance" not in received.headers and received.headers["x-tessera-accounting"] == "1"
+
+
+async def test_group_commit_fails_only_the_journal_row_that_cannot_be_written(gateway, tenant_key):
+    """Journal rows and usage events share one writer thread and one transaction per batch; a row that
+    cannot be written (here a duplicate id) fails its own request only."""
+    from django.db import IntegrityError
+
+    from billing.events import UsageEvent
+    from controlplane.gateway import usage_writer
+    from tenants.limits import period_start
+
+    tenant, _ = await tenant_key()
+    writer = usage_writer.writer_for(sink.collect)
+    row = journal.Admission(
+        request_id="req_twice", tenant_id=tenant.pk, api_key_id=None, model="fake-model", adapter=None, tier="t",
+        prompt_estimate=1, reserved_tokens=2, reserved_spend_nano=0, period_start=period_start(),
+        worker_url="http://w", created_at=dt.datetime.now(dt.UTC))
+    event = UsageEvent("req_other", tenant.pk, None, "fake-model", None, "t", 5, 0, 1, None, 3.0, "ok",
+                       dt.datetime.now(dt.UTC))
+    first, second, written = await asyncio.gather(writer.admit(row), writer.admit(row), writer.submit(event),
+                                                  return_exceptions=True)
+    assert first is None and isinstance(second, IntegrityError) and written is None
+    assert [e.request_id for e in sink.EVENTS] == ["req_other"]
+    assert await sync_to_async(lambda: list(InflightRequest.objects.values_list("request_id", flat=True)))() == ["req_twice"]
