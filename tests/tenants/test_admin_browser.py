@@ -78,3 +78,49 @@ def test_admin_pages_render(browser, live_server, django_user_model):
         for text in expected:
             assert text in source, (path, text)
         assert created.secret not in source  # the secret is never shown again
+
+
+def _log_in(browser, live_server, username: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(f"{live_server.url}/admin/login/")
+    browser.find_element(By.NAME, "username").send_keys(username)
+    browser.find_element(By.NAME, "password").send_keys("pw")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    WebDriverWait(browser, 30).until(lambda d: "/admin/login/" not in d.current_url or "errornote" in d.page_source)
+
+
+def test_an_operator_ticks_can_manage_and_it_saves(browser, live_server, make_user):
+    """The checkbox showed as editable and was silently dropped on save."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tenants import services
+    from tenants.models import APIKey
+
+    make_user("ops", role="operator", is_staff=True)
+    tenant = services.tenant_create(name="Checkbox Co", tier=_seeded_tier("standard"))
+    key = services.api_key_create(tenant=tenant, name="ci").key
+    assert not key.can_manage
+    _log_in(browser, live_server, "ops")
+    browser.get(f"{live_server.url}/admin/tenants/apikey/{key.pk}/change/")
+    box = browser.find_element(By.NAME, "can_manage")
+    assert box.is_enabled() and not box.is_selected()
+    box.click()
+    browser.find_element(By.NAME, "_save").click()
+    WebDriverWait(browser, 30).until(lambda d: "/change/" not in d.current_url or "errornote" in d.page_source)
+    assert "errornote" not in browser.page_source, browser.page_source[-2000:]
+    assert "was changed successfully" in browser.page_source
+    assert APIKey.objects.get(pk=key.pk).can_manage
+
+
+def test_finance_cannot_open_a_keys_change_page(browser, live_server, make_user):
+    from tenants import services
+
+    make_user("money", role="finance", is_staff=True)
+    tenant = services.tenant_create(name="Ledger Co", tier=_seeded_tier("standard"))
+    key = services.api_key_create(tenant=tenant, name="ci").key
+    _log_in(browser, live_server, "money")
+    browser.get(f"{live_server.url}/admin/tenants/apikey/{key.pk}/change/")
+    assert "can_manage" not in browser.page_source and "403" in browser.title + browser.page_source
