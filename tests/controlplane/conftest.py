@@ -3,6 +3,7 @@ live gateway (uvicorn running controlplane.asgi in a thread) for tests that need
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 
 import pytest
@@ -126,3 +127,20 @@ async def _close_thread_connections():
     from django.db import connections
 
     await sync_to_async(connections.close_all)()
+
+
+@contextlib.contextmanager
+def serving_gateway(settings, worker):
+    """The deployed ASGI app (uvicorn in a thread, free port) in front of a real worker process
+    (tests/dataplane/worker/process.py); yields the gateway's base URL."""
+    from controlplane.asgi import application
+    from tests.dataplane.worker.process import TOKEN
+
+    settings.TESSERA_WORKERS = worker.url
+    settings.TESSERA_WORKER_TOKEN = TOKEN
+    server = ServerThread(application)
+    port = server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()

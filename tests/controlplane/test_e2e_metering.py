@@ -20,8 +20,9 @@ from billing.models import UsageRecord
 from controlplane.gateway.models import InflightRequest
 from tenants.limits import get_limiter, period_start
 from tenants.limits.base import from_nano
-from tests.dataplane.worker.process import MODEL, TOKEN, WorkerProcess
+from tests.dataplane.worker.process import MODEL, WorkerProcess
 
+from .conftest import serving_gateway
 from .test_live_gateway import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.django_db(transaction=True)]
@@ -41,18 +42,10 @@ def metering_worker():
 
 @pytest.fixture
 def real_gateway(metering_worker, gateway):
-    from controlplane.asgi import application
-
-    from .fake_worker import ServerThread
-
-    gateway.TESSERA_WORKERS = metering_worker.url
-    gateway.TESSERA_WORKER_TOKEN = TOKEN
     gateway.TESSERA_USAGE_SINK = "billing.services.usage_record_ingest"  # the real ledger
     gateway.TESSERA_CHAT_TEMPLATE_TOKENS = 0  # an estimate that misses the template: the allowance must hold
-    server = ServerThread(application)
-    port = server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
+    with serving_gateway(gateway, metering_worker) as url:
+        yield url
 
 
 async def _race(url: str, secret: str) -> list[httpx.Response]:

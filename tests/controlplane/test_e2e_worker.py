@@ -9,9 +9,10 @@ import time
 import openai
 import pytest
 
-from tests.dataplane.worker.process import MODEL, TOKEN, WorkerProcess
+from tests.dataplane.worker.process import MODEL, WorkerProcess
 
 from . import sink
+from .conftest import serving_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.django_db(transaction=True)]
 
@@ -30,16 +31,8 @@ def real_worker():
 
 @pytest.fixture
 def e2e_gateway(real_worker, gateway):
-    gateway.TESSERA_WORKERS = real_worker.url
-    gateway.TESSERA_WORKER_TOKEN = TOKEN
-    from controlplane.asgi import application
-
-    from .fake_worker import ServerThread
-
-    server = ServerThread(application)
-    port = server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
+    with serving_gateway(gateway, real_worker) as url:
+        yield url
 
 
 def wait_events(n: int, timeout: float = 20.0) -> None:
