@@ -32,7 +32,7 @@ from tenants import auth
 from tenants.auth import KeyPrincipal
 from tenants.limits import LimitPlan, get_limiter, period_start
 
-from . import accounting, admission, journal, parsing, upstream, worker_usage
+from . import accounting, admission, journal, outages, parsing, upstream, worker_usage
 from .accounting import Meter
 from .responses import error_response, ratelimit_headers, refusal
 from .sse import StreamMeter, usage_counts
@@ -206,11 +206,13 @@ async def handle(request: HttpRequest, kind: str) -> HttpResponse:
         elif tier and exc.status == 429:
             slo_metrics.observe_rejection(tier=tier, reason=slo_metrics.rejection_reason(exc.code, exc.type))
         return error_response(exc, request_id, extra_headers)
-    except Exception:
+    except Exception as exc:
+        error = outages.unavailable(exc, request_id)  # PostgreSQL or Redis unreachable: 503, not 500
+        if error is None:
+            log.exception("gateway error", extra={"request_id": request_id})
+            error = ApplicationError("The gateway had an internal error.", code="internal_error", status=500)
         if meter is not None:
-            meter.finish(status="error", http_status=500)
-        log.exception("gateway error", extra={"request_id": request_id})
-        error = ApplicationError("The gateway had an internal error.", code="internal_error", status=500)
+            meter.finish(status="error", http_status=error.status)
         return error_response(error, request_id, extra_headers)
     except BaseException:
         if meter is not None:

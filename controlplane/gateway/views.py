@@ -11,7 +11,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.errors import ApplicationError
 
-from . import proxy
+from . import outages, proxy
 from .responses import error_response, json_response
 from .workers import get_registry, visible_to
 
@@ -20,8 +20,8 @@ log = logging.getLogger("tessera.gateway")
 
 
 def openai_endpoint(*methods: str):
-    """OpenAI-shaped answers on every path: 405 for other methods, 500 (logged) for bugs, and
-    x-request-id on all of them."""
+    """OpenAI-shaped answers on every path: 405 for other methods, 503 while a dependency is down,
+    500 (logged) for bugs, and x-request-id on all of them."""
 
     def decorate(view):
         @csrf_exempt
@@ -34,10 +34,12 @@ def openai_endpoint(*methods: str):
                 return response
             try:
                 return await view(request, *args, **kwargs)
-            except Exception:
+            except Exception as exc:
                 request_id = proxy.new_request_id()
-                log.exception("gateway error", extra={"request_id": request_id, "path": request.path})
-                error = ApplicationError("The gateway had an internal error.", code="internal_error", status=500)
+                error = outages.unavailable(exc, request_id)  # a dependency outage: 503, not 500
+                if error is None:
+                    log.exception("gateway error", extra={"request_id": request_id, "path": request.path})
+                    error = ApplicationError("The gateway had an internal error.", code="internal_error", status=500)
                 return error_response(error, request_id)
 
         return wrapper

@@ -147,6 +147,8 @@ TESSERA_USAGE_QUEUE = os.environ.get("TESSERA_USAGE_QUEUE", "inline")
 TESSERA_LIMITER = os.environ.get("TESSERA_LIMITER", "redis" if REDIS_URL else "database")
 # Namespace of the limiter's Redis keys.
 TESSERA_REDIS_PREFIX = os.environ.get("TESSERA_REDIS_PREFIX", "tsr")
+# Seconds the limiter waits for Redis (connect, and each command) before the request is refused with a 503.
+TESSERA_REDIS_TIMEOUT_SECONDS = float(os.environ.get("TESSERA_REDIS_TIMEOUT_SECONDS", "2"))
 # A request counts toward concurrency for at most this long if its gateway dies before settling.
 TESSERA_RESERVATION_TTL_SECONDS = int(os.environ.get("TESSERA_RESERVATION_TTL_SECONDS", "900"))
 # The usage sweeper (controlplane/gateway/sweeper.py, beat every minute): journal rows older than

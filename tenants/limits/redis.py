@@ -133,7 +133,11 @@ class RedisLimiter:
         loop = asyncio.get_running_loop()
         entry = self._clients.get(loop)
         if entry is None:
-            client = aioredis.from_url(self.url, max_connections=256)
+            # Bounded waits: a Redis that hangs (a partition, a failover) must fail the request fast (a
+            # 503 at the gateway), not hold it and its client until the OS gives up on the socket.
+            timeout = settings.TESSERA_REDIS_TIMEOUT_SECONDS
+            client = aioredis.from_url(self.url, max_connections=256, socket_connect_timeout=timeout,
+                                       socket_timeout=timeout)
             entry = (client, client.register_script(RESERVE), client.register_script(SETTLE))
             self._clients[loop] = entry
         return entry[0]
@@ -193,7 +197,8 @@ class RedisLimiter:
         """For the (sync) management API."""
         import redis as sync_redis
 
-        client = sync_redis.Redis.from_url(self.url)
+        timeout = settings.TESSERA_REDIS_TIMEOUT_SECONDS
+        client = sync_redis.Redis.from_url(self.url, socket_connect_timeout=timeout, socket_timeout=timeout)
         try:
             tok, sp = client.hmget(_keys(tenant_id, "-", period)[2], "tok", "sp")
         finally:

@@ -1,0 +1,106 @@
+"""A dependency that blinks: clients get 503 + Retry-After in OpenAI's shape, never a 500, and
+service comes back by itself.
+
+Redis is a throwaway `redis-server` on a spare port that the test stops and starts again under
+traffic (the binary is on the development and CI machines). PostgreSQL is the suite's own server,
+which cannot be stopped under the other tests: its error path is checked with a real driver error
+from a server that is not there.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+import httpx
+import pytest
+import redis
+
+from tests.dataplane.worker.process import free_port
+
+from .test_live_gateway import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BODY = {"model": "fake-model", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2}
+
+
+class ThrowawayRedis:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(self._answers, timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+    def _answers(self) -> bool:
+        try:
+            return redis.Redis.from_url(self.url, socket_connect_timeout=0.2).ping()
+        except redis.exceptions.ConnectionError:
+            return False
+
+
+@pytest.fixture
+def blinking_redis(gateway):
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    from tenants.limits.base import reset_limiter
+
+    server = ThrowawayRedis()
+    server.start()
+    gateway.TESSERA_LIMITER, gateway.REDIS_URL = "redis", server.url
+    reset_limiter()
+    yield server
+    server.stop()
+
+
+def test_redis_down_is_a_503_with_retry_after_and_service_returns_by_itself(blinking_redis, live_gateway, tenant_key):
+    _, secret = tenant_key.sync(requests_per_minute=10_000)
+    headers = {"Authorization": f"Bearer {secret}"}
+
+    def call() -> httpx.Response:
+        return httpx.post(f"{live_gateway}/v1/chat/completions", json=BODY, headers=headers, timeout=10)
+
+    assert call().status_code == 200
+    blinking_redis.stop()
+    during = [call() for _ in range(5)]
+    assert {r.status_code for r in during} == {503}, [r.text for r in during]
+    for response in during:
+        assert int(response.headers["retry-after"]) >= 1 and response.headers["x-request-id"]
+        assert response.json()["error"]["code"] == "service_unavailable"
+        assert response.json()["error"]["type"] == "server_error"
+    blinking_redis.start()
+    deadline = time.monotonic() + 15
+    while (status := call().status_code) != 200:
+        assert status == 503 and time.monotonic() < deadline, status
+        time.sleep(0.2)
+
+
+def test_a_database_that_does_not_answer_is_a_503(gateway):
+    """The error a real driver raises for an unreachable server maps to the 503, and a bug stays a 500."""
+    import psycopg
+    from django.db import OperationalError
+
+    from controlplane.gateway import outages
+
+    try:
+        psycopg.connect(host="127.0.0.1", port=free_port(), user="postgres", connect_timeout=2)
+    except psycopg.OperationalError as driver_error:
+        try:
+            raise OperationalError(str(driver_error)) from driver_error  # as Django's wrapper raises it
+        except OperationalError as exc:
+            error = outages.unavailable(exc, "req_x")
+    assert error is not None and error.status == 503 and error.headers["Retry-After"] == "2"
+    assert outages.dependency_of(redis.exceptions.ConnectionError("gone")) == "redis"
+    assert outages.unavailable(KeyError("a bug"), "req_y") is None
