@@ -2,10 +2,14 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
+from controlplane.health import healthz, readyz
 from controlplane.slo.views import prometheus_metrics
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # Liveness (the process answers) and readiness (PostgreSQL and, where used, Redis answer).
+    path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
     # The OpenAI-compatible gateway (async views).
     path("v1/", include("controlplane.gateway.urls")),
     # The management API (DRF), its OpenAPI schema and browsable docs.

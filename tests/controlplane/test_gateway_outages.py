@@ -104,3 +104,41 @@ def test_a_database_that_does_not_answer_is_a_503(gateway):
     assert error is not None and error.status == 503 and error.headers["Retry-After"] == "2"
     assert outages.dependency_of(redis.exceptions.ConnectionError("gone")) == "redis"
     assert outages.unavailable(KeyError("a bug"), "req_y") is None
+
+
+def test_readiness_follows_redis_and_liveness_does_not(blinking_redis, client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json() == {"status": "ready", "checks": {"database": "ok", "redis": "ok"}}
+    blinking_redis.stop()
+    down = client.get("/readyz")
+    assert down.status_code == 503 and down.json()["checks"] == {"database": "ok", "redis": "unreachable"}
+    assert down["Retry-After"] == "2"
+    assert client.get("/healthz").status_code == 200  # a blink must not get the pod restarted
+    blinking_redis.start()
+    assert client.get("/readyz").status_code == 200
+
+
+def test_readiness_without_redis_checks_the_database_only(settings, client):
+    settings.REDIS_URL, settings.TESSERA_LIMITER, settings.TESSERA_USAGE_QUEUE = "", "database", "inline"
+    assert client.get("/readyz").json() == {"status": "ready", "checks": {"database": "ok"}}
+
+
+@pytest.mark.postgres
+def test_the_database_check_against_a_server_that_is_not_there():
+    """The default connection pointed at a port nobody listens on: not ready; pointed back: ready."""
+    from django.db import connection
+
+    from controlplane import health
+
+    if connection.vendor != "postgresql":
+        pytest.skip("a network database")
+    port = connection.settings_dict["PORT"]
+    connection.close()
+    connection.settings_dict["PORT"] = str(free_port())
+    try:
+        assert health.database_ok() is False
+    finally:
+        connection.settings_dict["PORT"] = port
+        connection.close()
+    assert health.database_ok() is True

@@ -115,7 +115,8 @@ def test_kubernetes_control_plane_has_web_workers_one_beat_and_migrations():
     assert deployments["tessera-celery-beat"]["spec"]["replicas"] == 1
     assert deployments["tessera-celery-beat"]["spec"]["strategy"]["type"] == "Recreate"
     web = containers(deployments["tessera-web"])[0]
-    assert web["readinessProbe"]["httpGet"]["path"] == "/internal/v1/health"
+    assert web["readinessProbe"]["httpGet"]["path"] == "/readyz"  # PostgreSQL and Redis answer
+    assert web["livenessProbe"]["httpGet"]["path"] == "/healthz"  # the process alone
     assert "tessera-web" in by_kind("Service") and "tessera-migrate" in by_kind("Job")
     config = by_kind("ConfigMap")["tessera-config"]["data"]
     assert config["CELERY_BROKER_URL"].startswith("redis://") and "DATABASE_URL" not in config
