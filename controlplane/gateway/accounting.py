@@ -216,8 +216,15 @@ class Meter:
                 )
             )
         except Exception:
-            # The reservation then stays charged (conservative) and its concurrency slot expires.
+            # Redis (or the database) did not answer: the reservation stays charged for now. With a
+            # journal row, keep it with what to settle; the sweeper settles it once the limiter answers.
             log.exception("settle failed", extra={"request_id": self.request_id})
+            if self.journaled:
+                try:
+                    await journal.mark_unsettled(self.request_id, prompt=event.prompt_tokens,
+                                                 cached=event.cached_tokens, completion=event.completion_tokens)
+                except Exception:  # the database is away too: the row stays, unmarked, for the sweeper
+                    log.exception("could not mark the journal row unsettled", extra={"request_id": self.request_id})
         await record_usage(event)
         log.info(
             "request finished",

@@ -88,9 +88,22 @@ def forget(request_ids: Iterable[str]) -> int:
     ids = list(request_ids)
     if not ids:
         return 0
-    deleted, _ = InflightRequest.objects.filter(request_id__in=ids).delete()
+    # A row whose settlement failed stays (usage written or not) until the sweeper settles it.
+    deleted, _ = InflightRequest.objects.filter(request_id__in=ids, unsettled_prompt_tokens__isnull=True).delete()
     return deleted
 
 
 async def forget_async(request_ids: Iterable[str]) -> int:
     return await db_call(forget, list(request_ids))
+
+
+def _mark_unsettled(request_id: str, prompt: int, cached: int, completion: int) -> int:
+    from .models import InflightRequest
+
+    return InflightRequest.objects.filter(request_id=request_id).update(
+        unsettled_prompt_tokens=prompt, unsettled_cached_tokens=cached, unsettled_completion_tokens=completion)
+
+
+async def mark_unsettled(request_id: str, *, prompt: int, cached: int, completion: int) -> int:
+    """The limiter could not be settled: keep the row, with the request's final counts, for the sweeper."""
+    return await db_call(_mark_unsettled, request_id, prompt, cached, completion)

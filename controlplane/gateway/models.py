@@ -4,7 +4,8 @@ Written (durably) after a worker accepted the request and before the first byte 
 deleted in the same transaction that writes the request's ledger row. A row that outlives its
 request means the gateway died (OOM, kill -9, a rollout past the grace period) before it could
 account for it: the sweeper (sweeper.py) then asks the worker for the request's final counts,
-writes the usage and settles the limiter. Plain ids, not foreign keys: the hot path inserts one
+writes the usage and settles the limiter. A row also outlives its ledger row when the request's
+limiter settlement failed (`unsettled_*`), until the sweeper settles it. Plain ids, not foreign keys: the hot path inserts one
 narrow row and nothing joins it.
 """
 
@@ -27,6 +28,11 @@ class InflightRequest(models.Model):
     worker_url = models.CharField(max_length=500)  # where to ask for the final counts
     created_at = models.DateTimeField()  # when the request arrived (prices in force then apply)
     admitted_at = models.DateTimeField(auto_now_add=True)
+    # The request's final counts, set when its limiter settlement failed (Redis did not answer): the row
+    # then outlives the ledger write, and the sweeper settles (and, idempotently, bills) these counts.
+    unsettled_prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    unsettled_cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    unsettled_completion_tokens = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["admitted_at"], name="gateway_inflight_admitted")]

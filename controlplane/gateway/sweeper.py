@@ -12,6 +12,11 @@ that cannot be reached is asked again until `give_up_after` seconds; then the re
 is billed (the estimated prompt and the rest as completion: the most the worker could have
 served), as docs/billing.md says. Everything is idempotent on the request id: a live gateway finishing at the same moment, or
 two sweepers, still bill once.
+
+A live gateway whose limiter settlement failed (Redis did not answer) keeps the request's row with
+its final counts; the sweeper settles those (and bills them, a no-op when the gateway's own write
+landed) at the next sweep once the limiter answers, so an outage costs no settlement. A settlement
+the sweeper itself cannot make is kept the same way for the next sweep.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from billing.events import UsageEvent
 from controlplane.asyncdb import db_call
 from tenants.limits import Settlement, get_limiter
 
-from . import accounting, journal, worker_usage
+from . import accounting, worker_usage
 from .models import InflightRequest
 from .worker_usage import WorkerCounts
 from .workers import ModelTarget
@@ -44,13 +49,24 @@ class SweepReport:
     still_running: list[str] = field(default_factory=list)
     waiting: list[str] = field(default_factory=list)  # the worker could not answer yet
     refused: list[str] = field(default_factory=list)  # the ledger refused the event (logged)
+    resettled: list[str] = field(default_factory=list)  # a live gateway's failed settlement, settled now
 
     def as_dict(self) -> dict[str, int]:
         return {name: len(getattr(self, name)) for name in self.__slots__}
 
 
 def _orphans(older_than: dt.datetime) -> list[InflightRequest]:
-    return list(InflightRequest.objects.filter(admitted_at__lte=older_than).order_by("admitted_at")[:BATCH])
+    """Rows a dead gateway left (old enough), and rows whose settlement failed (any age)."""
+    from django.db.models import Q
+
+    rows = InflightRequest.objects.filter(Q(admitted_at__lte=older_than) | Q(unsettled_prompt_tokens__isnull=False))
+    return list(rows.order_by("admitted_at")[:BATCH])
+
+
+def _marked_counts(row: InflightRequest) -> WorkerCounts | None:
+    if row.unsettled_prompt_tokens is None:
+        return None
+    return WorkerCounts(row.unsettled_prompt_tokens, row.unsettled_cached_tokens or 0, row.unsettled_completion_tokens or 0)
 
 
 def _limits(tenant_id: int):
@@ -60,17 +76,23 @@ def _limits(tenant_id: int):
     return tenant_limits(tenant=Tenant.objects.select_related("tier").get(pk=tenant_id))
 
 
-def _write(event: UsageEvent) -> bool:
+def _write(event: UsageEvent, settled: bool) -> bool:
+    """Bill the event (idempotent) and finish the row, or keep it, with the counts, to settle again."""
     sink = import_string(settings.TESSERA_USAGE_SINK)
+    rows = InflightRequest.objects.filter(request_id=event.request_id)
     try:
         with transaction.atomic():
             sink(event=event)
-            journal.forget([event.request_id])
+            if settled:
+                rows.delete()
+            else:
+                rows.update(unsettled_prompt_tokens=event.prompt_tokens, unsettled_cached_tokens=event.cached_tokens,
+                            unsettled_completion_tokens=event.completion_tokens)
         return True
     except Exception:
         # Refused (the tenant is gone, a malformed row): retrying cannot help; drop the row, loudly.
         log.exception("swept usage event refused", extra={"request_id": event.request_id, "event": repr(event)})
-        journal.forget([event.request_id])
+        rows.delete()
         return False
 
 
@@ -93,14 +115,17 @@ async def _bill(row: InflightRequest, counts: WorkerCounts, now: dt.datetime) ->
         except Exception:
             log.exception("price estimate failed; keeping the reserved spend", extra={"request_id": row.request_id})
             actual_spend = row.reserved_spend_nano
+    settled = True
     try:
         limits = await db_call(_limits, row.tenant_id)
         await get_limiter().settle(Settlement(
             row.tenant_id, row.request_id, limits, row.period_start, row.reserved_tokens,
             counts.prompt_tokens + counts.completion_tokens, row.reserved_spend_nano, actual_spend))
     except Exception:
-        log.exception("swept settle failed; the reservation expires on its own", extra={"request_id": row.request_id})
-    return await db_call(_write, event)
+        log.warning("swept settle failed; settling again at the next sweep", exc_info=True,
+                    extra={"request_id": row.request_id})
+        settled = False
+    return await db_call(_write, event, settled)
 
 
 async def sweep(*, min_age: float | None = None, give_up_after: float | None = None,
@@ -110,6 +135,11 @@ async def sweep(*, min_age: float | None = None, give_up_after: float | None = N
     now = now or dt.datetime.now(dt.UTC)
     report = SweepReport()
     for row in await db_call(_orphans, now - dt.timedelta(seconds=min_age)):
+        marked = _marked_counts(row)
+        if marked is not None:  # its gateway knew the counts but could not settle them
+            billed = await _bill(row, marked, now)
+            (report.resettled if billed else report.refused).append(row.request_id)
+            continue
         answer = await worker_usage.ask(row.worker_url, row.request_id)
         if answer is not None and answer.state == "running":
             report.still_running.append(row.request_id)

@@ -142,3 +142,49 @@ def test_the_database_check_against_a_server_that_is_not_there():
         connection.settings_dict["PORT"] = port
         connection.close()
     assert health.database_ok() is True
+
+
+def test_a_settlement_redis_missed_is_made_by_the_sweeper(blinking_redis, live_gateway, tenant_key, workers):
+    """The issue's reproduction: with Redis gone when a request ended, its settlement was lost (the
+    month counter kept the reservation instead of the usage, the seat stayed taken)."""
+    import asyncio
+    import signal
+    import threading
+
+    from controlplane.gateway import sweeper
+    from controlplane.gateway.models import InflightRequest
+    from tenants.limits import get_limiter, period_start
+
+    from . import sink
+
+    tenant, secret = tenant_key.sync(monthly_token_budget=100_000, max_concurrent_requests=1)
+    for worker in workers:
+        worker.hold = threading.Event()
+    outcome = {}
+    call = threading.Thread(target=lambda: outcome.setdefault("response", httpx.post(
+        f"{live_gateway}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {secret}"}, timeout=60)))
+    call.start()
+    wait_for(lambda: any(w.received for w in workers))
+    blinking_redis.proc.send_signal(signal.SIGSTOP)  # Redis hangs: the settlement times out
+    try:
+        for worker in workers:
+            worker.release()
+        call.join(30)
+        assert outcome["response"].status_code == 200
+        wait_for(lambda: len(sink.EVENTS) == 1, timeout=60)  # the usage is written all the same...
+        row = InflightRequest.objects.get()  # ...and the row kept, with what to settle
+        assert row.unsettled_prompt_tokens == sink.EVENTS[0].prompt_tokens
+    finally:
+        blinking_redis.proc.send_signal(signal.SIGCONT)
+    served = sink.EVENTS[0].prompt_tokens + sink.EVENTS[0].completion_tokens
+    assert get_limiter().usage_sync(tenant_id=tenant.pk, period=period_start())[0] == row.reserved_tokens > served
+
+    report = asyncio.run(sweeper.sweep(min_age=3600))  # beat's next sweep; no other row is old enough
+    assert report.resettled == [row.request_id]
+    assert get_limiter().usage_sync(tenant_id=tenant.pk, period=period_start())[0] == served
+    assert not InflightRequest.objects.exists() and len(sink.EVENTS) == 1  # billed once
+    for worker in workers:
+        worker.hold = None
+    again = httpx.post(f"{live_gateway}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {secret}"},
+                       timeout=10)
+    assert again.status_code == 200  # the only concurrency seat was given back
