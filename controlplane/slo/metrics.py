@@ -142,5 +142,14 @@ REGISTRY.register(WorkerHealthCollector())
 REGISTRY.register(SLO_COLLECTOR)
 
 
+def _register_journal() -> None:
+    from controlplane.gateway.journal_metrics import JOURNAL_COLLECTOR
+
+    REGISTRY.register(JOURNAL_COLLECTOR)
+
+
+_register_journal()
+
+
 def render() -> bytes:
     return generate_latest(REGISTRY)

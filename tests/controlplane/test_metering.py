@@ -249,3 +249,37 @@ async def test_group_commit_fails_only_the_journal_row_that_cannot_be_written(ga
     assert first is None and isinstance(second, IntegrityError) and written is None
     assert [e.request_id for e in sink.EVENTS] == ["req_other"]
     assert await sync_to_async(lambda: list(InflightRequest.objects.values_list("request_id", flat=True)))() == ["req_twice"]
+
+
+async def test_metrics_show_the_journal_and_the_alert_rules_name_real_series(gateway, tenant_key, workers):
+    """What the sweeper has not finished is visible to Prometheus, and the shipped alerts read it."""
+    from pathlib import Path
+
+    import yaml
+    from django.test import AsyncClient
+
+    from controlplane.gateway.journal_metrics import JOURNAL_COLLECTOR
+
+    tenant, _ = await tenant_key(max_concurrent_requests=5)
+    await orphan(tenant, workers[0].url, "req_fresh")
+    await orphan(tenant, workers[0].url, "req_old")
+    await orphan(tenant, workers[0].url, "req_owed")
+
+    def age():
+        old = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=gateway.TESSERA_USAGE_SWEEP_MIN_AGE_SECONDS + 300)
+        InflightRequest.objects.filter(request_id="req_old").update(admitted_at=old)
+        InflightRequest.objects.filter(request_id="req_owed").update(unsettled_prompt_tokens=3, unsettled_completion_tokens=4)
+
+    await sync_to_async(age)()
+    JOURNAL_COLLECTOR.clear()
+    text = (await AsyncClient().get("/metrics")).content.decode()
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("tessera_usage_journal"))
+    assert samples['tessera_usage_journal_rows{state="in_flight"}'] == "1.0"
+    assert samples['tessera_usage_journal_rows{state="orphaned"}'] == "1.0"
+    assert samples['tessera_usage_journal_rows{state="unsettled"}'] == "1.0"
+    assert float(samples["tessera_usage_journal_oldest_orphan_seconds"]) >= 300
+
+    rules = yaml.safe_load(Path("deploy/prometheus/tessera-usage-rules.yml").read_text())["groups"][0]["rules"]
+    exprs = " ".join(rule["expr"] for rule in rules)
+    for series in ("tessera_usage_journal_oldest_orphan_seconds", 'tessera_usage_journal_rows{state="unsettled"}'):
+        assert series in exprs and series.split("{")[0] in text
