@@ -83,6 +83,7 @@ def test_64_racers_never_exceed_a_hard_token_budget(real_gateway, tenant_key, li
     _settled(tenant)
     ledger = UsageRecord.objects.filter(tenant=tenant).aggregate(p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
     billed = (ledger["p"] or 0) + (ledger["c"] or 0)
+    print(f"token budget, {limiter} limiter: {len(usages)} served, {refused} refused, {served}/{budget} tokens")
     assert len(usages) >= 5 and refused >= 1, (len(usages), refused)
     assert served <= budget, f"served {served} tokens against a hard budget of {budget}"
     assert billed == served  # every token the clients were told about is in the ledger, and nothing else
@@ -106,6 +107,7 @@ def test_64_racers_never_exceed_a_hard_spend_budget(real_gateway, tenant_key, li
     served = sum(Decimal("0.1") * u["prompt_tokens"] + Decimal("0.2") * u["completion_tokens"] for u in usages)
     _settled(tenant)
     billed = UsageRecord.objects.filter(tenant=tenant).aggregate(a=Sum("amount"))["a"] or Decimal(0)
+    print(f"spend budget, {limiter} limiter: {len(usages)} served, {refused} refused, ${served}/${budget}")
     assert len(usages) >= 5 and refused >= 1, (len(usages), refused)
     assert served <= budget, f"served ${served} against a hard spend budget of ${budget}"
     assert billed == served
