@@ -10,17 +10,12 @@ the SLO gauges, so several Prometheus servers scraping cost one.
 from __future__ import annotations
 
 import datetime as dt
-import logging
-import threading
-import time
-from collections.abc import Iterator
 
 from django.conf import settings
 from django.db.models import Count, Min, Q
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
-log = logging.getLogger("tessera.gateway")
+from controlplane.slo.metrics import CachedCollector
 
 
 def journal_state(now: dt.datetime | None = None) -> dict[str, float]:
@@ -40,26 +35,7 @@ def journal_state(now: dt.datetime | None = None) -> dict[str, float]:
     return figures
 
 
-class UsageJournalCollector(Collector):
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cached: tuple[float, list[Metric]] | None = None
-
-    def collect(self) -> Iterator[Metric]:
-        ttl = getattr(settings, "TESSERA_SLO_METRICS_CACHE_SECONDS", 15.0)
-        with self._lock:
-            if self._cached is None or time.monotonic() - self._cached[0] > ttl:
-                try:
-                    self._cached = (time.monotonic(), self._families())
-                except Exception:  # a scrape must not fail because the database hiccuped
-                    log.exception("usage journal metrics failed")
-                    return iter(())
-            return iter(self._cached[1])
-
-    def clear(self) -> None:
-        with self._lock:
-            self._cached = None
-
+class UsageJournalCollector(CachedCollector):
     @staticmethod
     def _families() -> list[Metric]:
         state = journal_state()

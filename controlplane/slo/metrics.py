@@ -86,8 +86,10 @@ class WorkerHealthCollector(Collector):
         yield from (up, out, queue)
 
 
-class SLOCollector(Collector):
-    """Per-tier SLO gauges computed from the request records at scrape time, cached a few seconds."""
+class CachedCollector(Collector):
+    """Gauges computed at scrape time by `_families()`, cached for `TESSERA_SLO_METRICS_CACHE_SECONDS` so
+    several Prometheus servers scraping cost one computation; a failure yields nothing (logged) rather
+    than failing the scrape."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -100,13 +102,21 @@ class SLOCollector(Collector):
                 try:
                     self._cached = (time.monotonic(), self._families())
                 except Exception:  # a scrape must not fail because the database hiccuped
-                    log.exception("SLO metrics failed")
+                    log.exception("%s failed", type(self).__name__)
                     return iter(())
             return iter(self._cached[1])
 
     def clear(self) -> None:
         with self._lock:
             self._cached = None
+
+    @staticmethod
+    def _families() -> list[Metric]:
+        raise NotImplementedError
+
+
+class SLOCollector(CachedCollector):
+    """Per-tier SLO gauges computed from the request records at scrape time, cached a few seconds."""
 
     @staticmethod
     def _families() -> list[Metric]:

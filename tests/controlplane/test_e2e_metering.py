@@ -20,7 +20,7 @@ from billing.models import UsageRecord
 from controlplane.gateway.models import InflightRequest
 from tenants.limits import get_limiter, period_start
 from tenants.limits.base import from_nano
-from tests.dataplane.worker.process import MODEL, WorkerProcess
+from tests.dataplane.worker.process import MODEL, running
 
 from .conftest import serving_gateway
 from .test_live_gateway import wait_for
@@ -32,12 +32,8 @@ RACERS = 64
 
 @pytest.fixture(scope="module")
 def metering_worker():
-    worker = WorkerProcess("--dtype", "auto", "--waiting-limits", "")  # nobody shed: only the budget refuses
-    try:
-        worker.wait_ready()
+    with running("--dtype", "auto", "--waiting-limits", "") as worker:  # nobody shed: only the budget refuses
         yield worker
-    finally:
-        worker.stop()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import time
 import openai
 import pytest
 
-from tests.dataplane.worker.process import MODEL, WorkerProcess
+from tests.dataplane.worker.process import MODEL, running
 
 from . import sink
 from .conftest import serving_gateway
@@ -21,12 +21,8 @@ SYSTEM = "You are a concise assistant for the Tessera test suite. " * 8  # long 
 
 @pytest.fixture(scope="module")
 def real_worker():
-    worker = WorkerProcess()
-    try:
-        worker.wait_ready()
+    with running() as worker:
         yield worker
-    finally:
-        worker.stop()
 
 
 @pytest.fixture

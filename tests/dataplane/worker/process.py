@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -82,3 +83,14 @@ class WorkerProcess:
                 self.proc.wait()
         if not os.environ.get("TESSERA_TEST_KEEP_LOGS"):
             os.unlink(self.log.name)
+
+
+@contextlib.contextmanager
+def running(*flags: str):
+    """A WorkerProcess started and ready for the block, stopped after it (even when it failed to start)."""
+    worker = WorkerProcess(*flags)
+    try:
+        worker.wait_ready()
+        yield worker
+    finally:
+        worker.stop()
