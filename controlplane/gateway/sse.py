@@ -66,6 +66,8 @@ class StreamMeter:
 
     def flush(self) -> bytes:
         rest, self.buffer = self.buffer, b""
+        if rest.startswith(ACCOUNTING_LINE):  # an unterminated last event: its counts are not the client's
+            rest = self._take_accounting(rest)
         return rest
 
     def _take_accounting(self, event: bytes) -> bytes:

@@ -76,3 +76,17 @@ def test_reset_durations_look_like_openais():
     assert duration(1.5) == "1.5s"
     assert duration(360) == "6m0s"
     assert duration(3723) == "1h2m3s"
+
+
+def test_accounting_lines_are_read_and_never_forwarded():
+    from controlplane.gateway.sse import StreamMeter
+
+    meter = StreamMeter(kind="chat", strip_usage=True)
+    out = meter.feed(b': usage {"prompt_tokens":9,"cached_tokens":2,"completion_tokens":5}\n'
+                     b'data: {"choices": [{"delta": {"content": "hello"}}]}\n\n'
+                     b': usage {"prompt_tokens":9,"cached_tokens":2,"completion_tokens":7}\ndata: [DO')
+    assert out == b'data: {"choices": [{"delta": {"content": "hello"}}]}\n\n'
+    assert (meter.worker_counts.prompt_tokens, meter.worker_counts.completion_tokens) == (9, 5)
+    assert meter.flush() == b"data: [DO" and meter.worker_counts.completion_tokens == 7  # an unterminated tail
+    meter.feed(b': usage {"prompt_tokens":"x"}\ndata: [DONE]\n\n')  # malformed: ignored, the event still goes
+    assert meter.done and meter.worker_counts.completion_tokens == 7
