@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-import uuid
 
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
@@ -38,12 +37,10 @@ log = logging.getLogger("tessera.gateway")
 AUTH_BEFORE_READING_BYTES = 64 * 1024
 
 
-def _request_id() -> str:
-    return f"req_{uuid.uuid4().hex}"  # the same form as proxy.new_request_id
-
-
 async def _send_error(send, exc: ApplicationError) -> None:
-    await bodylimit.send_json(send, exc.status, exc.openai_body(), {**exc.headers, "x-request-id": _request_id()})
+    from .proxy import new_request_id
+
+    await bodylimit.send_json(send, exc.status, exc.openai_body(), {**exc.headers, "x-request-id": new_request_id()})
 
 
 def _too_large() -> ApplicationError:
@@ -52,26 +49,14 @@ def _too_large() -> ApplicationError:
 
 
 async def _authenticate_before_reading(scope, length: int | None) -> None:
-    """Refuse (ApplicationError) a request whose key cannot be valid, without reading its body. The
-    view authenticates again (from the process cache when it is on)."""
-    from tenants import auth
+    """Refuse (ApplicationError) a request whose key cannot be valid, without reading its body: its
+    shape always, the key itself for a large or chunked body. The view authenticates again (from the
+    process cache when it is on)."""
+    from .proxy import principal_for
 
-    header = None
-    for name, value in scope.get("headers", ()):
-        if name.lower() == b"authorization":
-            header = value.decode("latin-1")
-            break
-    secret = auth.bearer_secret(header)
-    if not auth.looks_like_key(secret):
-        raise auth.invalid_key()
-    if length is not None and length <= AUTH_BEFORE_READING_BYTES:
-        return
-    hit, principal = auth.cached_lookup(secret)
-    if not hit:
-        from controlplane.asyncdb import db_call
-
-        principal = await db_call(auth.lookup, secret)
-    auth.check(principal)
+    header = next((value.decode("latin-1") for name, value in scope.get("headers", ())
+                   if name.lower() == b"authorization"), None)
+    await principal_for(header, lookup=length is None or length > AUTH_BEFORE_READING_BYTES)
 
 
 class GatewayHandler(ASGIHandler):

@@ -51,16 +51,24 @@ def new_request_id() -> str:
     return f"req_{uuid.uuid4().hex}"
 
 
-async def authenticate(request: HttpRequest) -> KeyPrincipal:
-    secret = auth.bearer_secret(request.headers.get("Authorization"))
+async def principal_for(authorization: str | None, *, lookup: bool = True) -> KeyPrincipal | None:
+    """The key behind an Authorization header; 401/403 (ApplicationError) for a key that cannot serve.
+    With lookup=False only the header's shape is checked (None back): the handler's cheap pre-check."""
+    secret = auth.bearer_secret(authorization)
     if not auth.looks_like_key(secret):
         raise auth.invalid_key()
+    if not lookup:
+        return None
     hit, principal = auth.cached_lookup(secret)
     if not hit:
         from controlplane.asyncdb import db_call
 
         principal = await db_call(auth.lookup, secret)
-    principal = auth.check(principal)
+    return auth.check(principal)
+
+
+async def authenticate(request: HttpRequest) -> KeyPrincipal:
+    principal = await principal_for(request.headers.get("Authorization"))
     accounting.note_key_used(principal.key_id)
     return principal
 
