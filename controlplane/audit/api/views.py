@@ -1,0 +1,126 @@
+"""Management API for the audit log: a tenant's managing key reads its own tenant's events;
+operators and finance read any tenant's and export everything (CSV, JSON Lines)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, date, datetime, time
+
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import exceptions, renderers
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from tenants.api.permissions import IsFinance, IsOperator
+from tenants.api.views import TenantScopedView
+from tenants.models import Tenant
+
+from .. import exports, selectors
+from . import serializers as s
+
+FILTERS = [
+    OpenApiParameter("action", OpenApiTypes.STR,
+                     description='an action ("api_key.revoke") or its family ("api_key": every api_key.* action)'),
+    OpenApiParameter("since", OpenApiTypes.STR, description="ISO date (midnight UTC) or datetime, inclusive"),
+    OpenApiParameter("until", OpenApiTypes.STR, description="ISO date or datetime, exclusive"),
+]
+
+
+def instant(raw: str | None, name: str) -> datetime | None:
+    if not raw:
+        return None
+    try:
+        value = datetime.fromisoformat(raw) if "T" in raw or " " in raw else datetime.combine(
+            date.fromisoformat(raw), time.min)
+    except ValueError:
+        raise exceptions.ValidationError({name: f"not an ISO date or datetime: {raw[:40]!r}"}) from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _filters(request: Request) -> dict:
+    params = request.query_params
+    action = params.get("action") or None
+    if action is not None and (len(action) > 64 or "\x00" in action):
+        raise exceptions.ValidationError({"action": "at most 64 characters, no NUL"})
+    since, until = instant(params.get("since"), "since"), instant(params.get("until"), "until")
+    if since and until and until <= since:
+        raise exceptions.ValidationError({"until": "must be after since"})
+    return {"action": action, "since": since, "until": until}
+
+
+PAGE = [OpenApiParameter("limit", OpenApiTypes.INT, description="events per page (default 100)"),
+        OpenApiParameter("offset", OpenApiTypes.INT, description="events to skip")]
+
+
+class AuditEventListView(TenantScopedView):
+    """`/api/v1/audit-events/`: the key's own tenant; `/api/v1/tenants/<slug>/audit-events/`: operators, finance."""
+
+    slug_permission_classes = (IsOperator | IsFinance,)
+
+    def page(self, request: Request, serializer_class) -> Response:
+        events = selectors.audit_events(tenant_id=self.tenant(request).pk, **_filters(request))
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(events, request, view=self)
+        return paginator.get_paginated_response(serializer_class(page, many=True).data)
+
+    @extend_schema(parameters=[*FILTERS, *PAGE], responses=s.TenantAuditEventPageSerializer,
+                   summary="Audit events of your tenant (newest first): who changed what, when, from where")
+    def get(self, request: Request, **kwargs) -> Response:
+        return self.page(request, s.TenantAuditEventSerializer)
+
+
+class TenantAuditEventListView(AuditEventListView):
+    @extend_schema(parameters=[*FILTERS, *PAGE], responses=s.AuditEventPageSerializer,
+                   summary="Audit events of a tenant, with the people who acted (operators and finance)")
+    def get(self, request: Request, **kwargs) -> Response:
+        return self.page(request, s.AuditEventSerializer)
+
+
+class _Passthrough(renderers.BaseRenderer):
+    """Lets clients send `Accept: text/csv`; successful responses stream and bypass renderers."""
+
+    charset = None
+
+    def render(self, data, accepted_media_type=None, renderer_context=None) -> bytes:
+        return json.dumps(data).encode()  # only errors get here
+
+
+class CSVRenderer(_Passthrough):
+    media_type, format = "text/csv", "csv"
+
+
+class JSONLinesRenderer(_Passthrough):
+    media_type, format = "application/jsonl", "jsonl"
+
+
+class AuditExportView(APIView):
+    """Every tenant's events and the platform's (users, tiers, prices, deployments), oldest first."""
+
+    permission_classes = [IsFinance]  # finance, operators, superusers; never tenant keys
+    renderer_classes = [renderers.JSONRenderer, CSVRenderer, JSONLinesRenderer]
+    file_format = "csv"
+
+    @extend_schema(
+        parameters=[*FILTERS, OpenApiParameter("tenant", OpenApiTypes.STR, description="tenant id or slug")],
+        responses={(200, "text/csv"): OpenApiTypes.BINARY, (200, "application/jsonl"): OpenApiTypes.BINARY},
+        summary="Export audit events (finance and operators)",
+    )
+    def get(self, request: Request) -> StreamingHttpResponse:
+        filters = _filters(request)
+        raw_tenant = request.query_params.get("tenant")
+        tenant_id = None
+        if raw_tenant:
+            lookup = {"pk": int(raw_tenant)} if raw_tenant.isdigit() and len(raw_tenant) < 19 else {"slug": raw_tenant}
+            tenant_id = Tenant.objects.filter(**lookup).values_list("pk", flat=True).first()
+            if tenant_id is None:
+                raise exceptions.ValidationError({"tenant": f"no tenant {raw_tenant[:64]!r}"})
+        events = selectors.audit_events(tenant_id=tenant_id, all_tenants=True, **filters)
+        content_type = "text/csv; charset=utf-8" if self.file_format == "csv" else "application/jsonl; charset=utf-8"
+        response = StreamingHttpResponse(exports.stream(self.file_format, events), content_type=content_type)
+        response["Content-Disposition"] = f'attachment; filename="audit-events.{self.file_format}"'
+        response["Cache-Control"] = "no-store"
+        return response
