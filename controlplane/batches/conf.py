@@ -1,0 +1,60 @@
+"""Settings of files and batches, with their defaults (each can be set in the environment; see
+docs/batches.md)."""
+
+from __future__ import annotations
+
+import os
+
+from django.conf import settings
+
+
+def _int(name: str, default: int) -> int:
+    return int(getattr(settings, name, None) or os.environ.get(name, default))
+
+
+def _float(name: str, default: float) -> float:
+    return float(getattr(settings, name, None) or os.environ.get(name, default))
+
+
+def file_max_bytes() -> int:
+    """One upload's cap; the gateway's body cap (TESSERA_MAX_REQUEST_BYTES) applies first."""
+    return _int("TESSERA_FILES_MAX_BYTES", 100 * 1024 * 1024)
+
+
+def file_max_lines() -> int:
+    return _int("TESSERA_FILES_MAX_LINES", 50_000)  # OpenAI's cap on requests per batch
+
+
+def tenant_max_bytes() -> int:
+    """All of a tenant's stored files together (inputs and outputs)."""
+    return _int("TESSERA_FILES_TENANT_MAX_BYTES", 10 * 1024 * 1024 * 1024)
+
+
+def batch_priority() -> int:
+    """X-Priority of batch lines: above (after) every online tier's, so they run in what online leaves."""
+    return _int("TESSERA_BATCH_PRIORITY", 1000)
+
+
+def batch_concurrency() -> int:
+    """Lines of one batch in flight at once."""
+    return _int("TESSERA_BATCH_CONCURRENCY", 16)
+
+
+def queue_ahead() -> int:
+    """Batch lines a worker may hold waiting (beyond its seats) while nothing else waits there."""
+    return _int("TESSERA_BATCH_QUEUE_AHEAD", 4)
+
+
+def busy_share() -> int:
+    """Batch lines a worker may hold while it runs online requests too."""
+    return _int("TESSERA_BATCH_BUSY_SHARE", 1)
+
+
+def lease_seconds() -> float:
+    """A runner that has not renewed its batch for this long is taken as dead."""
+    return _float("TESSERA_BATCH_LEASE_SECONDS", 60.0)
+
+
+def max_attempts() -> int:
+    """Tries of a line that meets a platform failure (5xx) before it fails."""
+    return _int("TESSERA_BATCH_LINE_ATTEMPTS", 5)

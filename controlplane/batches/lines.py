@@ -1,0 +1,103 @@
+"""The database side of running a batch: the lease, claiming lines, recording answers.
+
+Exactly once per line: a line is claimed (pending → running) with the request id it is sent under,
+and answered (running → succeeded/failed) in one UPDATE guarded by that id. A runner that dies
+leaves lines `running`; the next runner (once the lease has passed) recovers them: an attempt
+already in the ledger with tokens is re-sent under the *same* request id, so the ledger (first
+write wins) bills it once; an attempt only in the usage journal is released (its reservation
+settled to nothing, its row removed: the client is billed for the answer it gets, not for a
+request its runner never saw finish) and the line is sent again under a new id.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from . import conf
+from .models import Batch, BatchLine
+
+
+def lease_take(*, batch_id: str) -> tuple[Batch, bool]:
+    """(the batch, whether this runner now holds it): not when it is finished or a live runner holds it."""
+    now = timezone.now()
+    with transaction.atomic():
+        batch = Batch.objects.select_for_update().get(pk=batch_id)
+        if batch.status not in (Batch.Status.IN_PROGRESS, Batch.Status.FINALIZING, Batch.Status.CANCELLING):
+            return batch, False
+        if batch.lease_until is not None and batch.lease_until > now:
+            return batch, False
+        batch.lease_until = now + dt.timedelta(seconds=conf.lease_seconds())
+        batch.save(update_fields=["lease_until"])
+        return batch, True
+
+
+def lease_renew(*, batch_id: str) -> str:
+    """Extend the lease; the batch's status (the runner stops on cancelling)."""
+    until = timezone.now() + dt.timedelta(seconds=conf.lease_seconds())
+    Batch.objects.filter(pk=batch_id).update(lease_until=until)
+    return Batch.objects.values_list("status", flat=True).get(pk=batch_id)
+
+
+def _line_request_id(line: BatchLine) -> str:
+    return f"req_b{line.pk}_{uuid.uuid4().hex[:12]}"
+
+
+def stale_lines(*, batch_id: str) -> list[BatchLine]:
+    return list(BatchLine.objects.filter(batch_id=batch_id, state=BatchLine.State.RUNNING))
+
+
+def line_requeue_stale(*, line_id: int, reuse_request_id: bool) -> None:
+    update = {"state": BatchLine.State.PENDING}
+    if not reuse_request_id:
+        update["request_id"] = ""
+    BatchLine.objects.filter(pk=line_id, state=BatchLine.State.RUNNING).update(**update)
+
+
+def line_claim(*, batch_id: str, limit: int) -> list[BatchLine]:
+    """Up to `limit` pending lines, now running; each keeps a request id it was given for a billed
+    attempt, else gets a new one."""
+    now = timezone.now()
+    with transaction.atomic():
+        rows = list(BatchLine.objects.select_for_update(skip_locked=True)
+                    .filter(batch_id=batch_id, state=BatchLine.State.PENDING)
+                    .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
+                    .order_by("line_no")[:limit])
+        for line in rows:
+            line.state = BatchLine.State.RUNNING
+            line.attempts += 1
+            line.request_id = line.request_id or _line_request_id(line)
+        BatchLine.objects.bulk_update(rows, ["state", "attempts", "request_id"])
+    return rows
+
+
+def line_answer(*, line_id: int, request_id: str, ok: bool, status_code: int, body, error: dict | None) -> None:
+    BatchLine.objects.filter(pk=line_id, state=BatchLine.State.RUNNING, request_id=request_id).update(
+        state=BatchLine.State.SUCCEEDED if ok else BatchLine.State.FAILED, status_code=status_code, response=body,
+        error=error)
+
+
+def line_retry(*, line_id: int, request_id: str, after_seconds: float, count_attempt: bool) -> None:
+    """Back to pending under a new request id (this attempt was refused or failed unbilled)."""
+    update = {"state": BatchLine.State.PENDING, "request_id": "",
+              "not_before": timezone.now() + dt.timedelta(seconds=after_seconds)}
+    rows = BatchLine.objects.filter(pk=line_id, state=BatchLine.State.RUNNING, request_id=request_id)
+    if not count_attempt:
+        from django.db.models import F
+
+        update["attempts"] = F("attempts") - 1
+    rows.update(**update)
+
+
+def lines_left(*, batch_id: str) -> int:
+    return BatchLine.objects.filter(batch_id=batch_id,
+                                    state__in=[BatchLine.State.PENDING, BatchLine.State.RUNNING]).count()
+
+
+def mark_finalizing(*, batch_id: str) -> None:
+    Batch.objects.filter(pk=batch_id, status=Batch.Status.IN_PROGRESS).update(
+        status=Batch.Status.FINALIZING, finalizing_at=timezone.now())
