@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -163,6 +165,39 @@ async def _rate(url: str, headers: dict, model: str, concurrency: int, seconds: 
             "concurrency": concurrency, "seconds": elapsed}
 
 
+def _good_p50(url: str, headers: dict, model: str, n: int) -> float:
+    body = {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 1}
+    samples = []
+    with httpx.Client(timeout=30) as client:
+        for i in range(n + 20):
+            t0 = time.perf_counter()
+            r = client.post(f"{url}/v1/chat/completions", json=body, headers=headers)
+            if r.status_code != 200:
+                raise RuntimeError(f"good key during the flood: {r.status_code} {r.text[:200]}")
+            if i >= 20:
+                samples.append((time.perf_counter() - t0) * 1000)
+    return percentile(samples, 50)
+
+
+def auth_flood(url: str, headers: dict, model: str, n: int) -> dict:
+    """A good key's p50 alone, then while another local address (127.0.0.2) floods /v1/models with
+    made-up keys from 8 connections (the flooder of tests/controlplane/test_auth_throttle_flood.py)."""
+    quiet = _good_p50(url, headers, model, n)
+    flooder = subprocess.Popen([sys.executable, "-m", "tests.controlplane.test_auth_throttle_flood", "--flood", url,
+                                "--seconds", "300", "--concurrency", "8", "--address", "127.0.0.2"],
+                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        flooder.stdout.readline()
+        time.sleep(0.5)  # past the allowed burst
+        flooded = _good_p50(url, headers, model, n)
+        flooder.send_signal(signal.SIGTERM)
+        report = json.loads(flooder.communicate(timeout=30)[0])
+    finally:
+        if flooder.poll() is None:
+            flooder.kill()
+    return {"quiet_p50_ms": quiet, "flooded_p50_ms": flooded, "flood": report}
+
+
 def start_gateway(usage_queue: str, upstream: str, args, tmp: str, procs: list) -> tuple[str, str, dict, int]:
     """A gateway process (and its consumer for the queue); returns (url, key, env, pid)."""
     limiter = "redis" if redis_up() else "database"
@@ -247,6 +282,7 @@ def main() -> None:
         cpu = {name: (cpu_seconds(pid) - cpu0[name]) / (args.requests + 50) * 1000 for name, pid in pids.items()}
         rate = {name: asyncio.run(_rate(urls[name], headers[name], args.model, args.concurrency, args.seconds))
                 for name in PATHS}
+        flood = auth_flood(inline_url, headers["inline"], args.model, args.requests)
         time.sleep(1.0)  # let the consumer catch up before counting the ledger
         rows_written = {"inline": ledger_rows(inline_env), "queue": ledger_rows(queue_env)}
         limiter = inline_env["TESSERA_LIMITER"]
@@ -262,7 +298,7 @@ def main() -> None:
     data = {
         "upstream": upstream_kind, "model": args.model, "limiter": limiter, "database": "sqlite",
         "gateway_processes": 1, "cpus": os.cpu_count(), "latency": lat, "gateway_cpu_ms_per_request": cpu,
-        "rate": rate, "ledger_rows": rows_written, "targets": {"added_p50_ms": 3.0, "added_p99_ms": 10.0},
+        "rate": rate, "ledger_rows": rows_written, "auth_flood": flood, "targets": {"added_p50_ms": 3.0, "added_p99_ms": 10.0},
         "when": time.strftime("%Y-%m-%d %H:%M:%S"), "load_average_1m": [load_before, os.getloadavg()[0]],
     }
     labels = {"direct": "direct to the upstream", "inline": "gateway, ledger written inline (default)",
@@ -303,6 +339,10 @@ def main() -> None:
         "",
         f"Ledger rows written: inline {rows_written['inline']}, queue {rows_written['queue']} "
         "(every served request exactly once). Command: `python -m benchmarks.gateway`.",
+        "",
+        f"Failed-key flood: {flood['flood']['requests'] / flood['flood']['seconds']:.0f} requests/s of made-up keys on "
+        f"/v1/models from another address (8 connections; {flood['flood']['statuses']}); the inline gateway's p50 for a "
+        f"good key {flood['quiet_p50_ms']:.2f} ms alone, {flood['flooded_p50_ms']:.2f} ms during the flood.",
     ])
     write_results(args.name, data, table)
     print(table)

@@ -42,8 +42,9 @@ MODEL = "smollm2-135m-instruct"
 TIERS = [("free", 30, 5000, 250), ("standard", 20, 2000, 120), ("premium", 10, 1000, 80)]
 # The ITL guard protects premium (priority 10): lower tiers hold one seat and 32 prefill tokens a step
 # while premium is in the engine, and while premium decodes each step's prefill is cut to what the
-# fitted step cost keeps within 60 ms (and 16 tokens). Session 5 A/B at capacity 2 req/s: premium
-# ITL p95 at 2x 65 ms with the timed budget against 92 ms with the seat cap alone (load_avx2_fp16w_*).
+# fitted step cost keeps within 60 ms (and 16 tokens). A/B on the AVX2 EPYC (2026-11-23) at capacity 2 req/s:
+# premium ITL p95 at 2x 65 ms with the timed budget against 92 ms with the seat cap alone
+# (results/history/load_avx2_fp16w_*).
 WORKER_FLAGS = ["--kv-cache-memory=256MiB", "--max-num-seqs=8", "--max-num-batched-tokens=256",
                 "--waiting-limits=20=16,30=4", "--max-waiting=64", "--itl-guard-priority=10", "--itl-guard-tokens=32",
                 "--itl-guard-seqs=1", "--itl-guard-step-tokens=16", "--itl-guard-step-ms=60", "--threads=1"]
@@ -198,7 +199,7 @@ def main() -> None:
     p.add_argument("--capacity-slo", choices=("full", "ttft"), default="full",
                    help="what the premium-only probe must hold for a rate to count as capacity: the premium tier's "
                         "whole SLO (TTFT p95 and ITL p95; the rate the worker can serve within its promise) or "
-                        "only TTFT p95 (session 2's definition)")
+                        "only TTFT p95 (the definition before 2026-11-23)")
     p.add_argument("--dtype", default="auto", help="the worker's --dtype (auto: bf16 only where the CPU has it natively)")
     p.add_argument("--worker-arg", action="append", default=[],
                    help="an extra worker flag, e.g. --worker-arg=--itl-guard-seqs=1 (later flags win)")

@@ -66,7 +66,15 @@ def serve_scripted(port: int) -> None:
 async def measure(streams: int, tokens: int) -> dict:
     import httpx
 
-    from benchmarks.serve import Req, closed_loop, process_cpu, start_worker, via_httpx, via_raw, wait_ready
+    from benchmarks.serve_client import (
+        Req,
+        closed_loop,
+        process_cpu,
+        start_worker,
+        via_httpx,
+        via_raw,
+        wait_ready,
+    )
 
     proc, url = start_worker([sys.executable, "-m", "benchmarks.serve_http_cost", "--serve"])
     try:

@@ -41,10 +41,14 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 class PriceForm(forms.ModelForm):
+    # Left blank: the default share (Price.batch_percent's default, half the online rates).
+    batch_percent = forms.DecimalField(required=False, min_value=0, max_value=100, max_digits=5, decimal_places=2,
+                                       label="Batch price (% of these rates)")
+
     class Meta:
         model = Price
         fields = ["model", "adapter", "tier", "currency", "input_per_mtok", "cached_input_per_mtok", "output_per_mtok",
-                  "effective_from", "effective_to", "note"]
+                  "batch_percent", "effective_from", "effective_to", "note"]
 
     def clean(self):
         data = super().clean()
@@ -66,7 +70,7 @@ class PriceAdmin(admin.ModelAdmin):
 
     form = PriceForm
     list_display = ["model", "adapter", "tier", "currency", "input_per_mtok", "cached_input_per_mtok",
-                    "output_per_mtok", "effective_from", "effective_to"]
+                    "output_per_mtok", "batch_percent", "effective_from", "effective_to", "note"]
     list_filter = ["model", "tier", "currency"]
     search_fields = ["model", "adapter", "note"]
     date_hierarchy = "effective_from"
@@ -87,9 +91,9 @@ class PriceAdmin(admin.ModelAdmin):
 @admin.register(UsageRecord)
 class UsageRecordAdmin(TotalsMixin, ReadOnlyAdmin):
     list_display = ["request_id", "created_at", "tenant", "api_key_prefix", "model", "adapter", "tier", "status",
-                    "prompt_tokens", "cached_tokens", "completion_tokens", "amount", "invoice"]
+                    "prompt_tokens", "cached_tokens", "completion_tokens", "amount", "invoice", "batch_id"]
     list_filter = ["status", "model", "tier", "currency", ("price", admin.EmptyFieldListFilter), "tenant"]
-    search_fields = ["request_id", "api_key_prefix", "tenant__slug"]
+    search_fields = ["request_id", "api_key_prefix", "tenant__slug", "batch_id"]
     date_hierarchy = "created_at"
     list_select_related = ["tenant", "invoice"]
     show_full_result_count = False  # a count(*) over the ledger on every page is not free

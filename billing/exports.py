@@ -57,6 +57,7 @@ USAGE_COLUMNS = [
     ("output_amount", "output_amount", _AMOUNT),
     ("amount", "amount", _AMOUNT),
     ("invoice_number", "invoice__number", pa.string()),
+    ("batch_id", "batch_id", pa.string()),  # the /v1/batches batch a request was a line of ("" online)
 ]
 
 INVOICE_COLUMNS = [

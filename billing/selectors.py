@@ -6,20 +6,21 @@ from collections.abc import Iterable
 from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import F, Q, QuerySet, Sum
+from django.db.models import BooleanField, Case, F, Q, QuerySet, Sum, Value, When
 
 from billing.models import Invoice, InvoiceLine, Price, UsageRecord
 from billing.money import METER_CACHED_INPUT, METER_INPUT, METER_OUTPUT, ZERO, exact_sum, token_cost
 
 
 def price_lookup(*, model: str, adapter: str | None, tier: str | None, at: datetime) -> Price | None:
-    """The price in force at `at`: most specific first (adapter match, then tier), then the latest start."""
+    """The price in force at `at`: most specific first (the model by name over the any-model `*` entry,
+    then adapter match, then tier), then the latest start."""
     candidates = (
-        Price.objects.filter(model=model, effective_from__lte=at)
+        Price.objects.filter(model__in={model, Price.ANY_MODEL}, effective_from__lte=at)
         .filter(Q(effective_to__isnull=True) | Q(effective_to__gt=at))
         .filter(adapter__in={adapter or "", ""}, tier__in={tier or "", ""})
     )
-    best = max(candidates, key=lambda p: (p.specificity, p.effective_from, p.id), default=None)
+    best = max(candidates, key=lambda p: (p.model == model, p.specificity, p.effective_from, p.id), default=None)
     return best
 
 
@@ -42,7 +43,9 @@ def usage_meter_totals_by_price(records: QuerySet[UsageRecord], *extra_keys: str
     """Token sums per meter grouped by price (and `extra_keys`): integer sums, exact on every database."""
     return list(
         records.order_by()
-        .values("price_id", *extra_keys)
+        # Batch lines are priced at the price's batch share: their own group (and invoice line).
+        .values("price_id", *extra_keys, batch=Case(When(batch_id="", then=Value(False)), default=Value(True),
+                                                    output_field=BooleanField()))
         .annotate(
             **{
                 METER_INPUT: Sum(F("prompt_tokens") - F("cached_tokens")),
@@ -61,9 +64,9 @@ def exact_amount(groups: Iterable[dict], prices: dict[int, Price]) -> Decimal:
         if price is None:
             continue
         parts += [
-            token_cost(group[METER_INPUT] or 0, price.input_per_mtok),
-            token_cost(group[METER_CACHED_INPUT] or 0, price.cached_input_per_mtok),
-            token_cost(group[METER_OUTPUT] or 0, price.output_per_mtok),
+            token_cost(group[METER_INPUT] or 0, price.rate("input_per_mtok", batch=group.get("batch", False))),
+            token_cost(group[METER_CACHED_INPUT] or 0, price.rate("cached_input_per_mtok", batch=group.get("batch", False))),
+            token_cost(group[METER_OUTPUT] or 0, price.rate("output_per_mtok", batch=group.get("batch", False))),
         ]
     return exact_sum(parts)
 
@@ -83,6 +86,14 @@ def tenant_spend(*, tenant, start: datetime, end: datetime) -> Decimal:
     tenant_id = getattr(tenant, "pk", tenant)
     records = UsageRecord.objects.filter(tenant_id=tenant_id, created_at__gte=start, created_at__lt=end)
     return usage_exact_amount(records)
+
+
+def tenant_tokens(*, tenant, start: datetime, end: datetime) -> int:
+    """Prompt + completion tokens of `tenant`'s requests that started in [start, end) (the token budget's measure)."""
+    tenant_id = getattr(tenant, "pk", tenant)
+    totals = UsageRecord.objects.filter(tenant_id=tenant_id, created_at__gte=start, created_at__lt=end).aggregate(
+        prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))
+    return int(totals["prompt"] or 0) + int(totals["completion"] or 0)
 
 
 def tenant_invoices(*, tenant) -> QuerySet[Invoice]:

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from billing.models import Invoice, InvoiceLine, StripeCustomer, UsageRecord
 from billing.money import to_minor_units
+from controlplane import audit
 
 logger = logging.getLogger("tessera.billing")
 DEFAULT_METER_EVENT_NAMES = {
@@ -66,7 +67,11 @@ def customer_ensure(*, tenant, client: stripe.StripeClient | None = None) -> str
         params={"name": tenant_obj.name, "metadata": {"tessera_tenant_id": str(tenant_id), "tessera_slug": tenant_obj.slug}},
         options={"idempotency_key": f"tessera-customer-{tenant_id}"},
     )
-    row, _ = StripeCustomer.objects.get_or_create(tenant_id=tenant_id, defaults={"stripe_customer_id": customer.id})
+    with transaction.atomic():
+        row, created = StripeCustomer.objects.get_or_create(
+            tenant_id=tenant_id, defaults={"stripe_customer_id": customer.id})
+        if created:
+            audit.record("stripe_customer.create", row)
     return row.stripe_customer_id
 
 

@@ -7,13 +7,17 @@ Stripe or broker outage delays reporting and never blocks or loses a request.
 
 from __future__ import annotations
 
+import logging
 from datetime import date, timedelta
 
 from celery import shared_task
 from django.db import DatabaseError
+from django.dispatch import receiver
 from django.utils import timezone
 
-from billing import services, stripe_sync
+from billing import services, signals, stripe_sync
+
+logger = logging.getLogger("tessera.billing")
 
 RETRY = {
     "acks_late": True,
@@ -84,3 +88,15 @@ def invoices_build_month(month: str | None = None, finalize: bool = False) -> li
     else:
         first = (timezone.now().date().replace(day=1) - timedelta(days=1)).replace(day=1)
     return services.invoices_build_month(month=first, finalize=finalize)
+
+
+@receiver(signals.stripe_push_wanted, dispatch_uid="billing.tasks.enqueue_stripe_push")
+def enqueue_stripe_push(sender, *, invoice_id: int, action: str, **kwargs) -> None:
+    """Hand a Stripe push to Celery. A broker outage must not undo billing: the sweeper retries later."""
+    if not stripe_sync.stripe_enabled():
+        return
+    task = stripe_invoice_sync if action == "sync" else stripe_invoice_void
+    try:
+        task.delay(invoice_id)
+    except Exception:  # noqa: BLE001 - any broker failure; stripe_sync_pending picks it up
+        logger.exception("could not enqueue %s; the periodic sweep will retry", task.name, extra={"invoice_id": invoice_id})

@@ -18,6 +18,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings.base")
 django_application = get_asgi_application()  # sets Django up
 
 from controlplane.bodylimit import capped  # noqa: E402  (needs Django set up)
+from controlplane.doors.headers import with_api_headers  # noqa: E402
 from controlplane.gateway.handler import GatewayHandler  # noqa: E402
 
 management_application = capped(django_application)
@@ -47,6 +48,7 @@ async def application(scope, receive, send):
                     await send({"type": "lifespan.shutdown.complete"})
                 return
     elif scope["type"] == "http" and scope["path"].startswith("/v1/"):
-        await gateway_application(scope, receive, send)  # the hot path: see gateway/handler.py
+        # The hot path (gateway/handler.py); it has no middleware, so its security headers are added here.
+        await gateway_application(scope, receive, with_api_headers(send))
     else:
         await management_application(scope, receive, send)

@@ -5,15 +5,17 @@
 Embedded defaults: SQLite and the file-system Celery broker under var/ (TESSERA_VAR_DIR), no
 Redis. With DATABASE_URL, CELERY_BROKER_URL (Redis or RabbitMQ) and REDIS_URL set, it uses them.
 
-1. migrate (seeds the tiers);
+1. migrate (seeds the tiers and the default list price), collect the static files (the admin's CSS/JS,
+   the API docs), and mark the previous run's worker gone: its process is not running any more (its
+   port is free), so its replica must not be routed to while the new worker boots and loads;
 2. starts, each in its own process group with its log under var/logs/: the control plane (uvicorn,
    ASGI: gateway + admin + APIs), a Celery worker and Celery beat (the reconciler), and one CPU
    data-plane worker that registers itself and consumes its own queue, idle until told to load;
 3. applies a Deployment of the model (1 replica): the reconciler places it, `load_model` runs in
    the data-plane worker, the replica turns ready;
-4. makes a demo tenant and a fresh API key, waits until the gateway's /v1/models lists the model,
-   prints the key, a curl and an openai example, and finally the two lines
-   `TESSERA_URL=...` and `TESSERA_API_KEY=...` on their own;
+4. makes a demo tenant and a fresh API key, waits until a chat completion through the gateway with
+   that key succeeds (so whatever uses the printed lines works at once), prints the key, a curl and
+   an openai example, and finally the two lines `TESSERA_URL=...` and `TESSERA_API_KEY=...` on their own;
 5. runs until SIGINT (Ctrl-C) or SIGTERM: then terminates every child, waits for them, exits 0.
 """
 
@@ -35,6 +37,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+WORKER_ID = "local-cpu-0"
 
 
 class Child:
@@ -113,7 +116,7 @@ def environment(args: argparse.Namespace) -> dict[str, str]:
 def start_children(args: argparse.Namespace, env: dict[str, str], logs: Path) -> list[Child]:
     py, var = sys.executable, Path(env["TESSERA_VAR_DIR"])
     control_plane = f"http://{args.host}:{args.port}"
-    worker_env = {**env, "TESSERA_CONTROL_PLANE_URL": control_plane, "TESSERA_WORKER_ID": "local-cpu-0"}
+    worker_env = {**env, "TESSERA_CONTROL_PLANE_URL": control_plane, "TESSERA_WORKER_ID": WORKER_ID}
     worker_env.pop("DATABASE_URL", None)  # a data-plane worker talks to the control plane over HTTP only
     quiet = ["--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "warning"]
     specs = [
@@ -138,13 +141,39 @@ def start_children(args: argparse.Namespace, env: dict[str, str], logs: Path) ->
     return children
 
 
-def setup_platform(model_name: str) -> tuple[str, str]:
-    """Migrate, deploy the model through the deployments services, make the demo key -> (key, tenant slug)."""
+def release_previous_workers(worker_id: str, worker_url: str) -> list[str]:
+    """Mark gone the registrations this stack's worker replaces (its name, or its URL whose port we hold).
+
+    A stop that could not release them (Ctrl-C twice, a kill, the web process gone first) leaves them
+    ready with a heartbeat up to TESSERA_WORKER_DEAD_SECONDS old, and the gateway would route the
+    model there until the new worker registers and loads it again.
+    """
+    from django.db.models import Q
+
+    from controlplane.deployments import services as deployments
+    from controlplane.deployments.models import Worker, WorkerStatus
+
+    released = []
+    url = worker_url.rstrip("/")
+    for worker in Worker.objects.filter(Q(name=worker_id) | Q(url=url) | Q(url=f"{url}/")).exclude(
+            status=WorkerStatus.DEAD, boot_id=""):
+        deployments.worker_release(worker=worker, reason="the local stack restarted: its previous worker is gone")
+        released.append(worker.name)
+    return released
+
+
+def setup_platform(model_name: str, worker_id: str, worker_url: str) -> tuple[str, str]:
+    """Migrate, collect static files, forget the previous run's worker, deploy the model through the
+    deployments services, make the demo key -> (key, tenant slug)."""
     import django
     from django.core.management import call_command
 
     django.setup()
     call_command("migrate", verbosity=0, interactive=False)
+    call_command("collectstatic", verbosity=0, interactive=False)
+    released = release_previous_workers(worker_id, worker_url)
+    if released:
+        print(f"  the previous run's worker {', '.join(released)} is gone: nothing is routed to it", flush=True)
     from controlplane.deployments import services as deployments
     from controlplane.deployments.models import Model
     from tenants import selectors, services
@@ -172,6 +201,20 @@ def replica_summary(model_name: str) -> str:
     return ", ".join(f"{status}" + (f" ({reason})" if reason else "") for status, reason in rows) or "none yet"
 
 
+def serves_chat(base: str, key: str, model: str) -> bool:
+    """The model is listed for the key and a chat completion through the gateway answers with it."""
+    headers = {"Authorization": f"Bearer {key}"}
+    try:
+        listed = httpx.get(f"{base}/v1/models", headers=headers, timeout=5)
+        if listed.status_code != 200 or model not in {m["id"] for m in listed.json().get("data", [])}:
+            return False
+        answer = httpx.post(f"{base}/v1/chat/completions", headers=headers, timeout=60, json={
+            "model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 1})
+        return answer.status_code == 200 and bool(answer.json().get("choices"))
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return False
+
+
 def wait_until_served(base: str, key: str, model: str, children: list[Child], timeout: float,
                       stopping: threading.Event) -> None:
     deadline, last = time.monotonic() + timeout, ""
@@ -179,12 +222,8 @@ def wait_until_served(base: str, key: str, model: str, children: list[Child], ti
         for child in children:
             if not child.alive():
                 raise RuntimeError(f"{child.name} exited with {child.proc.returncode}:\n{child.tail()}")
-        try:
-            answer = httpx.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=5)
-            if answer.status_code == 200 and model in {m["id"] for m in answer.json().get("data", [])}:
-                return
-        except (httpx.HTTPError, ValueError):
-            pass
+        if serves_chat(base, key, model):
+            return
         state = replica_summary(model)
         if state != last:
             print(f"  replica: {state}", flush=True)
@@ -220,11 +259,15 @@ Ctrl-C stops everything.
 
 def stop_children(children: list[Child]) -> None:
     print("stopping...", flush=True)
-    for child in reversed(children):  # the data-plane worker first: it drains, then says so
-        child.terminate()
-    for child in reversed(children):
-        child.wait(30)
-        print(f"  {child.name} exited ({child.proc.returncode})", flush=True)
+    # The data-plane worker first, alone: it drains and releases its registration through the control
+    # plane, which must still answer; then the rest together.
+    worker, rest = children[-1:], children[:-1]
+    for group in (worker, rest):
+        for child in reversed(group):
+            child.terminate()
+        for child in reversed(group):
+            child.wait(30)
+            print(f"  {child.name} exited ({child.proc.returncode})", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stopping.set())
 
     print(f"Tessera local stack (state in {env['TESSERA_VAR_DIR']})", flush=True)
-    key, _ = setup_platform(args.model)
+    key, _ = setup_platform(args.model, WORKER_ID, f"http://{args.host}:{args.worker_port}")
     children = start_children(args, env, logs)
     base = f"http://{args.host}:{args.port}"
     code = 0

@@ -52,6 +52,9 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(0.0))
     prompt: str | None = None
+    # Asked for with prompt_logprobs: per prompt token, None for the first (nothing predicts it); in a
+    # stream, on the delta that carries the first generated token only.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     # The first completion, for the common n == 1 case.
     @property

@@ -62,6 +62,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None  # the stop token or string that ended it
     block_hashes: list[bytes] = field(default_factory=list)  # one per full block of all_token_ids
+    prompt_logprobs: list = field(default_factory=list)  # TokenLogprobs of prompt positions 1, 2, ... so far
     times: RequestTimes = field(default_factory=lambda: RequestTimes(arrival=time.monotonic()))
     seq: int = 0  # arrival order, breaks ties among equal priorities
 
@@ -80,6 +81,12 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Asked for prompt logprobs and some are still to compute (their logits need the forward pass)."""
+        return (self.sampling_params.prompt_logprobs is not None
+                and len(self.prompt_logprobs) < self.num_prompt_tokens - 1)
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

@@ -36,6 +36,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)  # extra tokens that end the request
     ignore_eos: bool = False  # keep going past EOS (benchmarks)
     logprobs: int | None = None  # return the sampled token's logprob and this many alternatives
+    prompt_logprobs: int | None = None  # each prompt token's logprob (the first has none) and this many alternatives
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured: StructuredOutputs | None = None  # constrain the output (JSON schema, regex, ...)
@@ -47,8 +48,12 @@ class SamplingParams:
         self.stop = [s for s in (self.stop or [])]
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n: must be an integer >= 1, got {self.n!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 0:
             raise ValueError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
+        if self.max_tokens == 0 and self.prompt_logprobs is None:  # 0 scores a prompt: nothing else to return
+            raise ValueError("max_tokens: must be an integer >= 1 (0 only with prompt logprobs), got 0")
+        if self.max_tokens == 0 and self.n != 1:
+            raise ValueError(f"n: a scored prompt (max_tokens 0) has one answer; got n={self.n}")
         if self.temperature < 0:
             raise ValueError(f"temperature: must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
@@ -78,6 +83,10 @@ class SamplingParams:
             raise ValueError("stop_token_ids: every entry must be a token id (an integer >= 0)")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError(f"logprobs: must be between 0 and 20, got {self.logprobs}")
+        if self.prompt_logprobs is not None and (isinstance(self.prompt_logprobs, bool)
+                                                 or not isinstance(self.prompt_logprobs, int)
+                                                 or not 0 <= self.prompt_logprobs <= 20):
+            raise ValueError(f"prompt_logprobs: must be an integer between 0 and 20, got {self.prompt_logprobs!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed: must be an integer, got {self.seed!r}")
         if self.logit_bias:

@@ -6,12 +6,14 @@ from django.contrib import admin, messages
 from django.db import transaction
 from django.utils.html import format_html
 
-from . import auth, services
+from controlplane.audit.admin_mixins import AuditedAdminMixin
+
+from . import admin_panels, auth, services
 from .models import APIKey, Tenant, Tier
 
 
 @admin.register(Tier)
-class TierAdmin(admin.ModelAdmin):
+class TierAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = (
         "name", "priority", "requests_per_minute", "tokens_per_minute", "max_concurrent_requests",
         "monthly_token_budget", "monthly_spend_budget", "budget_enforcement", "slo_ttft_p95_ms", "slo_itl_p95_ms",
@@ -31,20 +33,8 @@ class TierAdmin(admin.ModelAdmin):
         transaction.on_commit(auth.cache_clear)  # gateways in this process see the change at once
 
 
-class APIKeyInline(admin.TabularInline):
-    model = APIKey
-    extra = 0
-    can_delete = False
-    show_change_link = True
-    fields = ("prefix", "name", "can_manage", "allowed_models", "expires_at", "revoked", "last_used_at")
-    readonly_fields = fields
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ("slug", "name", "status_badge", "tier", "key_count", "created_at")
     list_filter = ("status", "tier")
     search_fields = ("slug", "name")
@@ -52,7 +42,7 @@ class TenantAdmin(admin.ModelAdmin):
     readonly_fields = ("status", "created_at", "updated_at")
     prepopulated_fields = {"slug": ("name",)}
     actions = ("suspend", "activate")
-    inlines = (APIKeyInline,)
+    # The keys show in the read-only panels (admin/tenants/tenant/change_form.html), finance included.
     fieldsets = (
         (None, {"fields": ("name", "slug", "status", "tier")}),
         (
@@ -68,6 +58,13 @@ class TenantAdmin(admin.ModelAdmin):
         ("Observability", {"fields": ("log_content_sample_rate",)}),
         ("History", {"fields": ("created_at", "updated_at")}),
     )
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        tenant = self.get_object(request, object_id)
+        if tenant is not None and self.has_view_or_change_permission(request, tenant):
+            extra_context = {**(extra_context or {}), "panels": admin_panels.tenant_panels(tenant),
+                             "can_view_keys": request.user.has_perm("tenants.view_apikey")}
+        return super().change_view(request, object_id, form_url, extra_context)
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, tenant: Tenant) -> str:
@@ -96,7 +93,7 @@ class TenantAdmin(admin.ModelAdmin):
 
 
 @admin.register(APIKey)
-class APIKeyAdmin(admin.ModelAdmin):
+class APIKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ("prefix", "name", "tenant", "can_manage", "scopes", "expires_at", "revoked", "last_used_at", "created_at")
     list_filter = ("revoked", "can_manage", "tenant__tier", "tenant__status")
     search_fields = ("prefix", "name", "tenant__slug", "tenant__name")

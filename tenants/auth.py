@@ -3,6 +3,11 @@
 The gateway calls this on every request, so a lookup is cached per process for
 TESSERA_AUTH_CACHE_SECONDS (services clear the local cache on every change; other processes
 see a revocation, suspension or tier change within that many seconds).
+
+While the database does not answer, the gateway may serve a key it looked up successfully within
+the last TESSERA_AUTH_STALE_SECONDS (`last_known`): a short database outage (a failover, a restart)
+then costs no refused requests for keys in use. A key first seen during the outage, or revoked in
+another process during it, is decided when the database is back (the revocation is honoured then).
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ def bearer_secret(header: str | None) -> str:
 
 
 _cache: dict[str, tuple[float, KeyPrincipal | None]] = {}
+_last_known: dict[str, tuple[float, KeyPrincipal | None]] = {}  # hash -> (monotonic fetch time, principal)
 _cache_lock = threading.Lock()
 _CACHE_MAX = 100_000
 
@@ -79,6 +85,7 @@ _CACHE_MAX = 100_000
 def cache_clear() -> None:
     with _cache_lock:
         _cache.clear()
+        _last_known.clear()
 
 
 def _load(key_hash: str) -> KeyPrincipal | None:
@@ -121,12 +128,26 @@ def lookup(secret: str) -> KeyPrincipal | None:
     key_hash = hash_secret(secret)
     principal = _load(key_hash)
     ttl = settings.TESSERA_AUTH_CACHE_SECONDS
-    if ttl > 0:
-        with _cache_lock:
+    now = time.monotonic()
+    with _cache_lock:
+        if ttl > 0:
             if len(_cache) >= _CACHE_MAX:
                 _cache.clear()
-            _cache[key_hash] = (time.monotonic() + ttl, principal)
+            _cache[key_hash] = (now + ttl, principal)
+        if settings.TESSERA_AUTH_STALE_SECONDS > 0:
+            if len(_last_known) >= _CACHE_MAX:
+                _last_known.clear()
+            _last_known[key_hash] = (now, principal)
     return principal
+
+
+def last_known(secret: str) -> tuple[bool, KeyPrincipal | None]:
+    """(hit, principal) as the database said within TESSERA_AUTH_STALE_SECONDS: for a gateway whose
+    database does not answer right now. A miss means the caller must refuse (503)."""
+    entry = _last_known.get(hash_secret(secret))
+    if entry is None or time.monotonic() - entry[0] > settings.TESSERA_AUTH_STALE_SECONDS:
+        return False, None
+    return True, entry[1]
 
 
 def check(principal: KeyPrincipal | None, *, now: float | None = None) -> KeyPrincipal:

@@ -167,3 +167,15 @@ class BudgetPeriod(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["tenant", "period_start"], name="uniq_budget_period")
         ]
+
+
+class AuthFailureWindow(models.Model):
+    """Failed API-key authentications from one client address, as a token bucket (the database limiter's
+    twin of the Redis key `<prefix>:af:<address>`); the row is also that address's lock."""
+
+    address = models.CharField(max_length=64, primary_key=True)  # an IPv4 address or an IPv6 /64
+    allowance = models.FloatField(default=0)  # failures this address may still make now
+    refilled_at = models.FloatField(default=0, db_index=True)  # epoch seconds of the last refill
+
+    class Meta:
+        verbose_name = "failed-authentication window"

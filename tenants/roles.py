@@ -21,7 +21,10 @@ FINANCE = "finance"
 ROLES = (OPERATOR, FINANCE)
 
 # Operators: every permission of the platform's apps (add, change, delete, view of each model).
-OPERATOR_APPS = ("tenants", "billing", "deployments", "slo")
+# The audit log's model has only a view permission (controlplane/audit/models.py), so operators
+# may read it and nobody may change or delete it.
+# axes: operators see sign-in failures and unlock by deleting access attempts (controlplane/doors).
+OPERATOR_APPS = ("tenants", "billing", "deployments", "slo", "audit", "axes")
 # Finance: view-only. The admin shows these read-only; nothing here can add, change or delete.
 FINANCE_PERMISSIONS = (
     ("billing", "view_price"),
@@ -32,6 +35,7 @@ FINANCE_PERMISSIONS = (
     ("billing", "view_stripecustomer"),
     ("billing", "view_stripeevent"),
     ("tenants", "view_tenant"),  # tenant names in lists, filters and exports
+    ("audit", "view_auditevent"),  # who changed prices, invoices and limits; the audit export
 )
 
 

@@ -3,31 +3,13 @@ a key, lives in tenants/auth.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from decimal import Decimal
-
 from django.db.models import QuerySet
 
 from controlplane.errors import NotFound
 
+# TenantLimits is defined beside the limiters that consume it (a lower layer); importable from here too.
+from .limits.base import TenantLimits
 from .models import APIKey, BudgetEnforcement, Tenant, Tier
-
-
-@dataclass(frozen=True, slots=True)
-class TenantLimits:
-    """A tenant's effective limits: its tier's, with the tenant's overrides applied. None = unlimited."""
-
-    tier: str  # tier name
-    priority: int  # scheduler priority handed to workers (lower runs first)
-    requests_per_minute: int | None
-    tokens_per_minute: int | None
-    max_concurrent_requests: int | None
-    monthly_token_budget: int | None
-    monthly_spend_budget: Decimal | None
-    hard_budget: bool  # refuse when a monthly budget is exhausted (else serve and flag)
-    slo_ttft_p95_ms: int | None
-    slo_itl_p95_ms: int | None
-    slo_availability_pct: Decimal | None = None
 
 
 def _pick(override, inherited):

@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
+from controlplane import audit
 from controlplane.errors import ApplicationError
 
 from . import auth
@@ -65,7 +66,9 @@ def tenant_create(*, name: str, tier: Tier, slug: str | None = None, **overrides
         raise ApplicationError("A tenant needs a name that gives a slug.", code="invalid_slug", param="slug")
     try:
         with transaction.atomic():
-            return Tenant.objects.create(name=name, slug=slug, tier=tier, **overrides)
+            tenant = Tenant.objects.create(name=name, slug=slug, tier=tier, **overrides)
+            audit.record("tenant.create", tenant)
+            return tenant
     except IntegrityError:
         raise ApplicationError(f"Tenant {slug!r} already exists.", code="tenant_exists", status=409) from None
 
@@ -83,9 +86,10 @@ def tenant_update(*, tenant: Tenant, **fields) -> Tenant:
     unknown = set(fields) - allowed
     if unknown:
         raise ApplicationError(f"Unknown tenant fields: {sorted(unknown)}", code="invalid_field")
-    for field, value in fields.items():
-        setattr(tenant, field, value)
-    tenant.save(update_fields=[*fields, "updated_at"])
+    with audit.change("tenant.update", tenant):
+        for field, value in fields.items():
+            setattr(tenant, field, value)
+        tenant.save(update_fields=[*fields, "updated_at"])
     _forget_cached_keys()
     return tenant
 
@@ -99,8 +103,10 @@ def tenant_activate(*, tenant: Tenant) -> Tenant:
 
 
 def _tenant_set_status(*, tenant: Tenant, status: str) -> Tenant:
-    tenant.status = status
-    tenant.save(update_fields=["status", "updated_at"])
+    action = "tenant.suspend" if status == TenantStatus.SUSPENDED else "tenant.activate"
+    with audit.change(action, tenant):
+        tenant.status = status
+        tenant.save(update_fields=["status", "updated_at"])
     _forget_cached_keys()
     return tenant
 
@@ -114,7 +120,9 @@ def tier_create(*, name: str, **fields) -> Tier:
         raise ApplicationError(f"Unknown tier fields: {sorted(unknown)}", code="invalid_field")
     try:
         with transaction.atomic():
-            return Tier.objects.create(name=name, **fields)
+            tier = Tier.objects.create(name=name, **fields)
+            audit.record("tier.create", tier)
+            return tier
     except IntegrityError:
         raise ApplicationError(f"Tier {name!r} already exists.", code="tier_exists", status=409) from None
 
@@ -123,9 +131,10 @@ def tier_update(*, tier: Tier, **fields) -> Tier:
     unknown = set(fields) - set(TIER_FIELDS)
     if unknown:
         raise ApplicationError(f"Unknown tier fields: {sorted(unknown)}", code="invalid_field")
-    for field, value in fields.items():
-        setattr(tier, field, value)
-    tier.save(update_fields=[*fields, "updated_at"])
+    with audit.change("tier.update", tier):
+        for field, value in fields.items():
+            setattr(tier, field, value)
+        tier.save(update_fields=[*fields, "updated_at"])
     _forget_cached_keys()
     return tier
 
@@ -153,17 +162,19 @@ def api_key_create(
     if expires_at is not None and expires_at <= timezone.now():
         raise ApplicationError("expires_at must be in the future.", code="invalid_expiry", param="expires_at")
     secret = generate_secret()
-    key = APIKey.objects.create(
-        tenant=tenant,
-        name=name,
-        prefix=visible_prefix(secret),
-        key_hash=hash_secret(secret),
-        allowed_models=allowed_models,
-        allowed_adapters=allowed_adapters,
-        expires_at=expires_at,
-        can_manage=can_manage,
-        rotated_from=rotated_from,
-    )
+    with transaction.atomic():
+        key = APIKey.objects.create(
+            tenant=tenant,
+            name=name,
+            prefix=visible_prefix(secret),
+            key_hash=hash_secret(secret),
+            allowed_models=allowed_models,
+            allowed_adapters=allowed_adapters,
+            expires_at=expires_at,
+            can_manage=can_manage,
+            rotated_from=rotated_from,
+        )
+        audit.record("api_key.rotate" if rotated_from is not None else "api_key.create", key)
     return CreatedKey(key=key, secret=secret)
 
 
@@ -176,9 +187,10 @@ def _check_owner(tenant: Tenant, key: APIKey) -> None:
 def api_key_revoke(*, tenant: Tenant, key: APIKey) -> APIKey:
     _check_owner(tenant, key)
     if not key.revoked:
-        key.revoked = True
-        key.revoked_at = timezone.now()
-        key.save(update_fields=["revoked", "revoked_at"])
+        with audit.change("api_key.revoke", key):
+            key.revoked = True
+            key.revoked_at = timezone.now()
+            key.save(update_fields=["revoked", "revoked_at"])
     _forget_cached_keys()
     return key
 
@@ -211,8 +223,9 @@ def api_key_rotate(
         )
         old_until = now + grace
         if key.expires_at is None or key.expires_at > old_until:
-            key.expires_at = old_until
-            key.save(update_fields=["expires_at"])
+            with audit.change("api_key.rotate_out", key):
+                key.expires_at = old_until
+                key.save(update_fields=["expires_at"])
     _forget_cached_keys()
     return created
 
@@ -229,9 +242,10 @@ def api_key_update(*, tenant: Tenant, key: APIKey, granted_by: auth.KeyPrincipal
     for field in ("allowed_models", "allowed_adapters"):
         if field in fields:
             fields[field] = sorted(set(fields[field]))
-    for field, value in fields.items():
-        setattr(key, field, value)
-    key.save(update_fields=list(fields))
+    with audit.change("api_key.update", key):
+        for field, value in fields.items():
+            setattr(key, field, value)
+        key.save(update_fields=list(fields))
     _forget_cached_keys()
     return key
 

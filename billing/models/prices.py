@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from django.core.validators import MinValueValidator
+from decimal import Decimal
+
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
@@ -21,13 +23,20 @@ class Price(models.Model):
     usage refers to them: a price change is a new row that closes the previous one.
     """
 
-    model = models.CharField(max_length=200, help_text="Base model name as served.")
+    # The price of every model the price book does not name; any entry for the model itself wins over it.
+    ANY_MODEL = "*"
+
+    model = models.CharField(max_length=200, help_text="Base model name as served; * : any model not priced by name.")
     adapter = models.CharField(max_length=200, blank=True, default="", help_text="Blank: any adapter.")
     tier = models.CharField(max_length=64, blank=True, default="", help_text="Blank: any tier.")
     currency = models.CharField(max_length=3, default="usd")
     input_per_mtok = _rate_field("input per 1M tokens")
     cached_input_per_mtok = _rate_field("cached input per 1M tokens")
     output_per_mtok = _rate_field("output per 1M tokens")
+    batch_percent = models.DecimalField(
+        "batch price (% of the rates above)", max_digits=5, decimal_places=2, default=Decimal("50"),
+        validators=[MinValueValidator(ZERO), MaxValueValidator(Decimal("100"))],
+        help_text="Batch API (/v1/batches) usage is billed at this share of the online rates.")
     effective_from = models.DateTimeField()
     effective_to = models.DateTimeField(null=True, blank=True, help_text="Exclusive; blank: open-ended.")
     note = models.CharField(max_length=200, blank=True, default="")
@@ -50,6 +59,15 @@ class Price(models.Model):
     def __str__(self) -> str:
         scope = "/".join(part for part in (self.model, self.adapter, self.tier) if part)
         return f"{scope} {self.currency} from {self.effective_from:%Y-%m-%d %H:%M}"
+
+    def rate(self, field: str, *, batch: bool = False) -> Decimal:
+        """A per-1M rate, at the batch share for a batch line (exact: a percentage of a decimal)."""
+        rate = getattr(self, field)
+        if not batch:
+            return rate
+        # Rounded to the price book's places, so the batch rate is a rate like any other and amounts
+        # (tokens x rate) stay exact at AMOUNT_PLACES.
+        return (rate * self.batch_percent / 100).quantize(Decimal(1).scaleb(-PRICE_PLACES))
 
     @property
     def specificity(self) -> tuple[int, int]:

@@ -40,6 +40,9 @@ class UsageRecord(models.Model):
     latency_ms = models.FloatField()
     http_status = models.PositiveSmallIntegerField(null=True, blank=True)  # SLO availability (issue 9)
     itl_ms = models.FloatField(null=True, blank=True)  # mean inter-token latency of a stream (issue 9)
+    # The batch (/v1/batches) a request was a line of: priced at the price's batch_percent, and a
+    # column of the finance export so a batch's cost can be summed.
+    batch_id = models.CharField(max_length=40, blank=True, default="")
     created_at = models.DateTimeField(help_text="When the request started; the price in force then applies.")
     ingested_at = models.DateTimeField(auto_now_add=True)
     price = models.ForeignKey("billing.Price", on_delete=models.PROTECT, null=True, blank=True, related_name="+")

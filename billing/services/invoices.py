@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from billing import signals
 from billing.errors import BillingError, InvoiceStateError
 from billing.models import Invoice, InvoiceLine, Price, UsageRecord
 from billing.money import (
@@ -20,8 +21,11 @@ from billing.money import (
     token_cost,
 )
 from billing.selectors import usage_meter_totals_by_price
+from controlplane import audit
 
 logger = logging.getLogger("tessera.billing")
+# What an invoice's audit events show: its state and money, not the Stripe sync bookkeeping.
+AUDITED_INVOICE_FIELDS = ("status", "number", "total", "currency", "finalized_at", "paid_at", "voided_at", "void_reason")
 METER_LABELS = {"input": "input tokens", "cached_input": "cached input tokens", "output": "output tokens"}
 
 
@@ -82,19 +86,20 @@ def _rebuild_usage_lines(invoice: Invoice) -> None:
     groups = usage_meter_totals_by_price(invoice.usage_records.filter(price__isnull=False), "model", "adapter")
     prices = Price.objects.in_bulk({g["price_id"] for g in groups})
     lines = []
-    for group in sorted(groups, key=lambda g: (g["model"], g["adapter"], g["price_id"])):
+    for group in sorted(groups, key=lambda g: (g["model"], g["adapter"], g["price_id"], g["batch"])):
         price = prices[group["price_id"]]
         for meter in METERS:
             quantity = group[meter] or 0
             if quantity == 0:
                 continue
-            rate = getattr(price, METER_RATE_FIELD[meter])
+            rate = price.rate(METER_RATE_FIELD[meter], batch=group["batch"])
             exact = token_cost(quantity, rate)
             lines.append(InvoiceLine(
                 invoice=invoice, kind=InvoiceLine.Kind.USAGE, price=price, model=group["model"],
                 adapter=group["adapter"], meter=meter, quantity=quantity, unit_price=rate,
                 exact_amount=exact, amount=round_money(exact, invoice.rounding),
-                description=_line_description(group["model"], group["adapter"], meter, rate, invoice.currency),
+                description=_line_description(group["model"], group["adapter"], meter, rate, invoice.currency)
+                + (" (batch)" if group["batch"] else ""),
             ))
     InvoiceLine.objects.bulk_create(lines)
 
@@ -146,6 +151,7 @@ def invoice_line_add(*, invoice: Invoice | int, kind: str, description: str, amo
             invoice=locked, kind=kind, description=description, exact_amount=amount, amount=amount
         )
         _refresh_total(locked)
+        audit.record("invoice.line_add", line, tenant_id=locked.tenant_id)
     return line
 
 
@@ -156,11 +162,12 @@ def invoice_finalize(*, invoice: Invoice | int) -> Invoice:
         unpriced = locked.usage_records.filter(price__isnull=True).count()
         if unpriced:
             raise BillingError(f"{unpriced} usage records on {locked} have no price; add one and reprice first")
-        locked.status = Invoice.Status.FINALIZED
-        locked.finalized_at = timezone.now()
-        locked.number = f"TSR-{locked.period_start:%Y%m}-{locked.tenant_id}-{locked.pk}"
-        locked.save(update_fields=["status", "finalized_at", "number", "updated_at"])
-        transaction.on_commit(lambda: _enqueue_stripe("stripe_invoice_sync", locked.pk))
+        with audit.change("invoice.finalize", locked, fields=AUDITED_INVOICE_FIELDS):
+            locked.status = Invoice.Status.FINALIZED
+            locked.finalized_at = timezone.now()
+            locked.number = f"TSR-{locked.period_start:%Y%m}-{locked.tenant_id}-{locked.pk}"
+            locked.save(update_fields=["status", "finalized_at", "number", "updated_at"])
+        transaction.on_commit(lambda: _want_stripe_push("sync", locked.pk))
     return locked
 
 
@@ -171,8 +178,9 @@ def invoice_mark_paid(*, invoice: Invoice | int, paid_at: datetime | None = None
             return locked
         if locked.status != Invoice.Status.FINALIZED:
             raise InvoiceStateError(f"invoice {locked} is {locked.status}; only finalized invoices get paid")
-        locked.status, locked.paid_at = Invoice.Status.PAID, paid_at or timezone.now()
-        locked.save(update_fields=["status", "paid_at", "updated_at"])
+        with audit.change("invoice.mark_paid", locked, fields=AUDITED_INVOICE_FIELDS):
+            locked.status, locked.paid_at = Invoice.Status.PAID, paid_at or timezone.now()
+            locked.save(update_fields=["status", "paid_at", "updated_at"])
     return locked
 
 
@@ -184,11 +192,12 @@ def invoice_void(*, invoice: Invoice | int, reason: str = "", from_stripe: bool 
             return locked
         if locked.status == Invoice.Status.PAID:
             raise InvoiceStateError(f"invoice {locked} is paid; refund it instead of voiding")
-        locked.usage_records.update(invoice=None)
-        locked.status, locked.voided_at, locked.void_reason = Invoice.Status.VOID, timezone.now(), reason[:200]
-        locked.save(update_fields=["status", "voided_at", "void_reason", "updated_at"])
+        with audit.change("invoice.void", locked, fields=AUDITED_INVOICE_FIELDS):
+            locked.usage_records.update(invoice=None)
+            locked.status, locked.voided_at, locked.void_reason = Invoice.Status.VOID, timezone.now(), reason[:200]
+            locked.save(update_fields=["status", "voided_at", "void_reason", "updated_at"])
         if locked.stripe_invoice_id and not from_stripe:
-            transaction.on_commit(lambda: _enqueue_stripe("stripe_invoice_void", locked.pk))
+            transaction.on_commit(lambda: _want_stripe_push("void", locked.pk))
     return locked
 
 
@@ -214,13 +223,6 @@ def invoices_build_month(*, month: date, finalize: bool = False) -> list[int]:
     return built
 
 
-def _enqueue_stripe(task_name: str, invoice_id: int) -> None:
-    """Hand a Stripe task to Celery. A broker outage must not undo billing: the sweeper retries later."""
-    from billing import stripe_sync, tasks
-
-    if not stripe_sync.stripe_enabled():
-        return
-    try:
-        getattr(tasks, task_name).delay(invoice_id)
-    except Exception:  # noqa: BLE001 - any broker failure; stripe_sync_pending picks it up
-        logger.exception("could not enqueue %s; the periodic sweep will retry", task_name, extra={"invoice_id": invoice_id})
+def _want_stripe_push(action: str, invoice_id: int) -> None:
+    """Announce it; billing.tasks (connected in BillingConfig.ready) enqueues the push."""
+    signals.stripe_push_wanted.send(sender=Invoice, invoice_id=invoice_id, action=action)

@@ -8,6 +8,7 @@ from django.db import transaction
 from billing.errors import BillingError
 from billing.models import Price
 from billing.money import PRICE_PLACES
+from controlplane import audit
 
 
 def _check_rate(name: str, value: Decimal) -> Decimal:
@@ -31,6 +32,7 @@ def price_create(
     tier: str = "",
     currency: str = "usd",
     note: str = "",
+    batch_percent: Decimal | None = None,
 ) -> Price:
     """Add a rate card entry. An open-ended entry for the same scope that started earlier is closed at
     `effective_from` (that is how a price changes); any other overlap is refused.
@@ -50,14 +52,21 @@ def price_create(
         )
     }
     scope = {"model": model, "adapter": adapter or "", "tier": tier or ""}
+    if batch_percent is not None:  # the batch line's share of these rates (Price.batch_percent's default else)
+        if not Decimal(0) <= batch_percent <= Decimal(100):
+            raise BillingError(f"batch_percent must be from 0 to 100, got {batch_percent}")
+        rates["batch_percent"] = batch_percent
     with transaction.atomic():
         to_close = price_window_check(**scope, effective_from=effective_from, effective_to=effective_to, lock=True)
         for other in to_close:
-            other.effective_to = effective_from
-            other.save(update_fields=["effective_to"])
-        return Price.objects.create(
+            with audit.change("price.close", other):
+                other.effective_to = effective_from
+                other.save(update_fields=["effective_to"])
+        price = Price.objects.create(
             **scope, **rates, currency=currency.lower(), effective_from=effective_from, effective_to=effective_to, note=note
         )
+        audit.record("price.create", price)
+        return price
 
 
 def price_window_check(

@@ -7,9 +7,10 @@ from django.contrib import admin, messages
 from django.utils import timezone
 from django.utils.html import format_html
 
+from controlplane.audit.admin_mixins import AuditedAdminMixin
 from controlplane.errors import ApplicationError
 
-from . import adapter_store, reconciler, services
+from . import adapter_store, admin_panels, reconciler, services
 from .models import Adapter, AdapterPlacement, Deployment, Model, Replica, ReplicaStatus, Worker, WorkerStatus
 
 STATUS_COLOURS = {"ready": "#2e7d32", "loading": "#1565c0", "starting": "#1565c0", "pending": "#6d6d6d",
@@ -29,7 +30,7 @@ def _report(modeladmin, request, done: int, what: str, errors: list[str]) -> Non
 
 
 @admin.register(Model)
-class ModelAdmin(admin.ModelAdmin):
+class ModelAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ("name", "source", "source_kind", "architecture", "context_length", "quantizations",
                     "deployment_count")
     list_filter = ("architecture",)
@@ -69,7 +70,7 @@ class AdapterForm(forms.ModelForm):
 
 
 @admin.register(Adapter)
-class AdapterAdmin(admin.ModelAdmin):
+class AdapterAdmin(AuditedAdminMixin, admin.ModelAdmin):
     form = AdapterForm
     list_display = ("served_name", "tenant", "base_model", "rank", "status_badge", "updated_at")
     list_filter = ("status", "base_model", "tenant")
@@ -164,17 +165,6 @@ class WorkerAdmin(admin.ModelAdmin):
         _report(self, request, len(queryset), "worker registration(s) released", [])
 
 
-class ReplicaInline(admin.TabularInline):
-    model = Replica
-    extra = 0
-    can_delete = False
-    fields = ("id", "worker", "status", "reason", "attempt", "failures", "retry_at", "ready_at", "load_seconds")
-    readonly_fields = fields
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-
 class DeploymentForm(forms.ModelForm):
     class Meta:
         model = Deployment
@@ -190,7 +180,7 @@ class DeploymentForm(forms.ModelForm):
 
 
 @admin.register(Deployment)
-class DeploymentAdmin(admin.ModelAdmin):
+class DeploymentAdmin(AuditedAdminMixin, admin.ModelAdmin):
     form = DeploymentForm
     list_display = ("name", "model", "quantization", "served_name", "desired_replicas", "ready_replicas",
                     "failed_replicas", "deleting")
@@ -198,8 +188,14 @@ class DeploymentAdmin(admin.ModelAdmin):
     search_fields = ("name", "served_name", "model__name")
     list_select_related = ("model",)
     readonly_fields = ("deleting", "created_at", "updated_at")
-    inlines = (ReplicaInline,)
+    # Replicas and their workers' health show in a read-only panel (admin/deployments/deployment/change_form.html).
     actions = ("retry_failed", "reconcile_now", "delete_through_service")
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        deployment = self.get_object(request, object_id)
+        if deployment is not None and self.has_view_or_change_permission(request, deployment):
+            extra_context = {**(extra_context or {}), "panel": admin_panels.deployment_panel(deployment)}
+        return super().change_view(request, object_id, form_url, extra_context)
 
     @admin.display(description="ready")
     def ready_replicas(self, deployment: Deployment) -> int:

@@ -5,3 +5,13 @@ class DeploymentsConfig(AppConfig):
     name = "controlplane.deployments"
     label = "deployments"
     verbose_name = "Deployments"
+
+    def ready(self) -> None:
+        from controlplane.gateway.workers import install_registry
+
+        from . import metrics
+        from .routing import DeploymentRegistry
+
+        metrics.register()
+        # The gateway owns the registry interface; this app provides the database-backed implementation.
+        install_registry(DeploymentRegistry)

@@ -5,8 +5,10 @@ consumes only `worker.<name>`; the control plane never imports them, it sends by
 message is sent after the transaction that decided it commits (`transaction.on_commit`), and
 carries ids only: the worker reads the current spec back from the internal API, so a message
 that arrives late, twice, or after the decision changed does no harm (see the tasks' checks).
-A send that fails (broker down) is logged, not raised: the reconciler sends again
-(`TESSERA_REPLICA_REDISPATCH_SECONDS`) when the worker does not report the work as started.
+A send that fails (broker down) is logged, not raised: the decision is already in the database and
+the reconciler sends again (`TESSERA_REPLICA_REDISPATCH_SECONDS`, or at once on its first pass after
+an outage) when the worker does not report the work as started. The failure is logged as an outage
+(outage_log.py): one line when the broker goes, one a minute, one when it is back.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ import logging
 
 from django.db import transaction
 
+from .outage_log import OutageLog
+
 log = logging.getLogger("tessera.deployments")
+BROKER = OutageLog(log, "the Celery broker")
 
 LOAD_MODEL = "deployments.load_model"
 UNLOAD_MODEL = "deployments.unload_model"
@@ -31,11 +36,16 @@ def send(name: str, args: list, queue: str | None = None, expires: float | None 
     options = {"queue": queue} if queue else {}
     if expires is not None:
         options["expires"] = expires
+    # While this process already knows the broker is away, one quick try: a caller (an API request whose
+    # commit queued this) must not wait through retries that the reconciler makes anyway.
+    retry = not BROKER.down
     try:
-        app.send_task(name, args=args, retry=True,
+        app.send_task(name, args=args, retry=retry,
                       retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5}, **options)
-    except Exception:  # noqa: BLE001 - the reconciler re-sends; the caller's commit already happened
-        log.exception("could not publish a task", extra={"task": name, "queue": queue, "task_args": args})
+    except Exception as exc:  # noqa: BLE001 - the reconciler re-sends; the caller's commit already happened
+        BROKER.failed(exc, task=name, queue=queue, task_args=args)
+    else:
+        BROKER.succeeded()
 
 
 def _on_commit(name: str, args: list, queue: str | None = None, expires: float | None = None) -> None:

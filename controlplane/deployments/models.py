@@ -235,6 +235,7 @@ class AdapterPlacement(models.Model):
     failures = models.PositiveIntegerField(default=0)
     retry_at = models.DateTimeField(null=True, blank=True)
     dispatched_at = models.DateTimeField(null=True, blank=True)
+    redispatches = models.PositiveSmallIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -244,3 +245,18 @@ class AdapterPlacement(models.Model):
 
     def __str__(self) -> str:
         return f"{self.adapter.served_name}@{self.replica_id}"
+
+
+class ReconcilerState(models.Model):
+    """One row (pk 1): the reconciler's own clock, kept in the database it reconciles.
+
+    `resumed_at` is the first pass after a gap longer than the reconciler's usual interval: the
+    control plane (its database, its broker, its beat) was away, and workers' heartbeats in that time
+    may have been lost. No worker is declared dead on heartbeats older than that (reconciler.py).
+    """
+
+    last_pass_at = models.DateTimeField(null=True, blank=True)
+    resumed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "reconciler state"

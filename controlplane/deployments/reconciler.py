@@ -16,6 +16,13 @@ serialises writers anyway):
 
 Failed replicas keep their place in the count, so a load that cannot work (a bad source) stays
 `failed` with its reason instead of being re-created every pass: no retry storm.
+
+After an outage of the control plane itself (its database, broker or beat: passes stopped for longer
+than twice TESSERA_RECONCILE_SECONDS; ReconcilerState), workers' heartbeats in that time may have
+been lost rather than not sent: for one TESSERA_WORKER_DEAD_SECONDS no worker is declared dead on
+heartbeats older than the pass that resumed (no replica flaps when the database comes back), and
+loads and adapter loads not yet confirmed are sent again at once (their messages may have died with
+the broker; the worker-side tasks are idempotent).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from .models import (
     AdapterStatus,
     Deployment,
     PlacementStatus,
+    ReconcilerState,
     Replica,
     ReplicaStatus,
     Worker,
@@ -62,6 +70,7 @@ class ReconcileResult:
     retried: int = 0
     adapter_dispatches: int = 0
     skipped: bool = False
+    resumed: bool = False  # the first pass after a gap (see the module's docstring)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -74,7 +83,8 @@ def reconcile(*, now: dt.datetime | None = None) -> ReconcileResult:
         if not _lock():
             result.skipped = True
             return result
-        _mark_dead_workers(now, result)
+        resumed_at = _tick(now, result)
+        _mark_dead_workers(now, resumed_at, result)
         fresh_after = now - dt.timedelta(seconds=conf.get("TESSERA_WORKER_DEAD_SECONDS"))
         busy = set(Replica.objects.filter(status__in=ACTIVE_REPLICA_STATUSES, worker__isnull=False)
                    .values_list("worker_id", flat=True))
@@ -84,7 +94,8 @@ def reconcile(*, now: dt.datetime | None = None) -> ReconcileResult:
         for deployment in Deployment.objects.select_related("model").order_by("id"):
             _reconcile_deployment(deployment, free, now, result)
         _reconcile_adapters(now, result)
-    if any((result.dead_workers, result.created, result.dispatched, result.stopping, result.failed)):
+    if any((result.dead_workers, result.created, result.dispatched, result.redispatched, result.stopping,
+            result.failed, result.resumed)):
         log.info("reconciled", extra={"reconcile": result.as_dict()})
     return result
 
@@ -97,9 +108,31 @@ def _lock() -> bool:
         return bool(cursor.fetchone()[0])
 
 
-def _mark_dead_workers(now: dt.datetime, result: ReconcileResult) -> None:
+def max_gap_seconds() -> float:
+    """Passes further apart than this mean the control plane was away (beat sends one per interval)."""
+    return 2 * conf.get("TESSERA_RECONCILE_SECONDS")
+
+
+def _tick(now: dt.datetime, result: ReconcileResult) -> dt.datetime | None:
+    """Record this pass; -> when the control plane last came back (None: never seen away)."""
+    state, _ = ReconcilerState.objects.get_or_create(pk=1)
+    previous = state.last_pass_at
+    if previous is not None and (now - previous).total_seconds() > max_gap_seconds():
+        state.resumed_at = now
+        result.resumed = True
+        log.warning("reconciler resumed after a gap: no worker is declared dead before it has had a full "
+                    "heartbeat window", extra={"gap_seconds": round((now - previous).total_seconds(), 1),
+                                               "window_seconds": conf.get("TESSERA_WORKER_DEAD_SECONDS")})
+    state.last_pass_at = now
+    state.save()
+    return state.resumed_at
+
+
+def _mark_dead_workers(now: dt.datetime, resumed_at: dt.datetime | None, result: ReconcileResult) -> None:
     seconds = conf.get("TESSERA_WORKER_DEAD_SECONDS")
     cutoff = now - dt.timedelta(seconds=seconds)
+    if resumed_at is not None and resumed_at > cutoff:
+        return  # staleness counts from max(last heartbeat, resumed_at): nobody can be stale yet
     stale = Worker.objects.filter(
         Q(last_heartbeat_at__lt=cutoff) | Q(last_heartbeat_at__isnull=True, registered_at__lt=cutoff),
         status__in=[WorkerStatus.STARTING, WorkerStatus.READY, WorkerStatus.DRAINING])
@@ -196,7 +229,8 @@ def _check_loading(replica: Replica, now: dt.datetime, result: ReconcileResult) 
         result.failed += 1
         return
     redispatch = conf.get("TESSERA_REPLICA_REDISPATCH_SECONDS")
-    if now - started <= dt.timedelta(seconds=redispatch * (replica.redispatches + 1)) or _slot_mentions(replica):
+    due = result.resumed or now - started > dt.timedelta(seconds=redispatch * (replica.redispatches + 1))
+    if not due or _slot_mentions(replica):
         return
     if replica.redispatches >= conf.MAX_REDISPATCHES:
         replica_fail(replica=replica, reason=f"worker {replica.worker.name} never started the load "
@@ -263,13 +297,30 @@ def _reconcile_adapters(now: dt.datetime, result: ReconcileResult) -> None:
             if placement.status == PlacementStatus.LOADING and placement.dispatched_at and \
                     now - placement.dispatched_at > timeout:
                 _placement_fail(placement, "the adapter load did not finish in time", permanent=False)
+            elif placement.status == PlacementStatus.LOADING:
+                _check_placement_loading(placement, now, result)
             if placement.status == PlacementStatus.PENDING and placement.replica.status == ReplicaStatus.READY:
                 placement.status, placement.dispatched_at = PlacementStatus.LOADING, now
                 placement.attempt += 1
+                placement.redispatches = 0
                 placement.save()
                 dispatch.load_adapter(placement=placement, worker=placement.replica.worker)
                 result.adapter_dispatches += 1
         adapter_refresh_status(adapter=adapter)
+
+
+def _check_placement_loading(placement: AdapterPlacement, now: dt.datetime, result: ReconcileResult) -> None:
+    """A load_adapter message lost (a broker restart) or a lost report: send the same attempt again, a few
+    times (the task is idempotent: a worker that holds the adapter only reports it again)."""
+    started = placement.dispatched_at or placement.updated_at
+    redispatch = conf.get("TESSERA_REPLICA_REDISPATCH_SECONDS")
+    due = result.resumed or now - started > dt.timedelta(seconds=redispatch * (placement.redispatches + 1))
+    if not due or placement.redispatches >= conf.MAX_REDISPATCHES or placement.replica.worker is None:
+        return
+    placement.redispatches += 1
+    placement.save(update_fields=["redispatches", "updated_at"])
+    dispatch.load_adapter(placement=placement, worker=placement.replica.worker)
+    result.redispatched += 1
 
 
 def _stop_placement(placement: AdapterPlacement, now: dt.datetime, result: ReconcileResult) -> None:

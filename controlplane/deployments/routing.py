@@ -1,7 +1,7 @@
 """The gateway's worker registry from the control plane's database (replaces the static list).
 
-`controlplane.gateway.workers.get_registry()` uses this when TESSERA_WORKERS is empty (the
-default). Every TESSERA_WORKER_POLL_SECONDS each gateway process reads the routing table
+Implements the gateway's `Registry` interface; DeploymentsConfig.ready installs it, and
+`controlplane.gateway.workers.get_registry()` builds it when TESSERA_WORKERS is empty (the default). Every TESSERA_WORKER_POLL_SECONDS each gateway process reads the routing table
 (`selectors.routing_table`: ready replicas and ready adapter placements on ready, heartbeating
 workers) instead of polling workers itself; `outstanding` counts survive refreshes because the
 same `Worker` objects are kept per URL. A worker the gateway failed to reach stays out of its

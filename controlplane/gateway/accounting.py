@@ -23,16 +23,17 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
 from django.conf import settings
+from django.db.models import Exists, OuterRef, Sum
 from django.utils.module_loading import import_string
 
 from billing.events import UsageEvent
 from controlplane.asyncdb import db_call
 from controlplane.slo import metrics as slo_metrics
 from tenants.auth import KeyPrincipal
-from tenants.limits import LimitPlan, Settlement, get_limiter
+from tenants.limits import BudgetSeed, LimitPlan, Settlement, get_limiter
 from tenants.limits.base import to_nano
 
-from . import journal, usage_queue, usage_writer
+from . import journal, outages, usage_queue, usage_writer
 from .worker_usage import WorkerCounts
 from .workers import ModelTarget
 
@@ -112,16 +113,28 @@ async def reservation_spend_nano(*, target: ModelTarget, tier: str, prompt_estim
     return max(split, all_prompt)
 
 
-def _spend_so_far(tenant_id: int, start: dt.datetime, end: dt.datetime) -> Decimal:
-    from tenants.models import Tenant
+def _budget_seed(tenant_id: int, period: dt.date, with_spend: bool) -> BudgetSeed:
+    from billing.models import UsageRecord
 
-    tenant = Tenant.objects.get(pk=tenant_id)
-    return Decimal(billing_selector("tenant_spend")(tenant=tenant, start=start, end=end))
+    from .models import InflightRequest
 
-
-async def spend_seed_nano(tenant_id: int, period: dt.date) -> int:
     start = dt.datetime(period.year, period.month, 1, tzinfo=dt.UTC)
-    return to_nano(await db_call(_spend_so_far, tenant_id, start, dt.datetime.now(dt.UTC)))
+    end = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)  # requests that started this month, to now
+    tokens = billing_selector("tenant_tokens")(tenant=tenant_id, start=start, end=end)
+    spend = to_nano(Decimal(billing_selector("tenant_spend")(tenant=tenant_id, start=start, end=end))) if with_spend else 0
+    # Requests admitted but not yet in the ledger hold their reservations: counted at what was reserved.
+    billed = UsageRecord.objects.filter(request_id=OuterRef("request_id"))
+    inflight = (InflightRequest.objects.filter(tenant_id=tenant_id, period_start=period)
+                .exclude(Exists(billed)).aggregate(tokens=Sum("reserved_tokens"), spend=Sum("reserved_spend_nano")))
+    return BudgetSeed(tokens=tokens + int(inflight["tokens"] or 0),
+                      spend_nano=spend + (int(inflight["spend"] or 0) if with_spend else 0))
+
+
+async def budget_seed(tenant_id: int, period: dt.date, *, with_spend: bool) -> BudgetSeed:
+    """What `period` has used so far, for a limiter whose counter for it is missing: a new month, or
+    Redis restarted without persistence. The ledger's rows plus the journal's in-flight reservations,
+    so a hard budget is as hard after the restart as before it."""
+    return await db_call(_budget_seed, tenant_id, period, with_spend)
 
 
 # --- the meter ----------------------------------------------------------------------------------------
@@ -140,6 +153,7 @@ class Meter:
     logs_content: bool = field(default=False)  # this request was sampled for content logs (operator opt-in)
     journaled: bool = field(default=False)  # a usage-journal row exists (the sweeper can finish the job)
     worker_url: str = field(default="")  # the worker the request was sent to
+    batch_id: str = field(default="")  # a batch line's batch: its own price line, and no online SLO sample
 
     def finish(
         self,
@@ -177,8 +191,12 @@ class Meter:
             created_at=self.created_at,
             http_status=http_status,
             itl_ms=itl_ms,
+            batch_id=self.batch_id or None,
         )
         limits = self.principal.limits
+        if self.batch_id:  # batch lines are not the online tiers' traffic: they would skew their SLIs
+            spawn(self._account(event, resolve))
+            return
         slo_metrics.observe_request(
             tier=limits.tier, model=self.target.name, http_status=http_status,
             platform_failed=status == "error" and (http_status is None or http_status >= 500),
@@ -215,15 +233,19 @@ class Meter:
                     self.plan.tokens, actual_tokens, self.plan.spend_nano, actual_spend,
                 )
             )
-        except Exception:
+        except Exception as exc:
             # Redis (or the database) did not answer: the reservation stays charged for now. With a
             # journal row, keep it with what to settle; the sweeper settles it once the limiter answers.
-            log.exception("settle failed", extra={"request_id": self.request_id})
+            if outages.dependency_of(exc) is not None:  # an outage: one line, not a traceback per request
+                log.warning("settle failed; the sweeper settles it", extra={"request_id": self.request_id,
+                                                                             "error": repr(exc)[:200]})
+            else:
+                log.exception("settle failed", extra={"request_id": self.request_id})
             if self.journaled:
                 try:
-                    await journal.mark_unsettled(self.request_id, prompt=event.prompt_tokens,
+                    await usage_writer.mark_unsettled(self.request_id, prompt=event.prompt_tokens,
                                                  cached=event.cached_tokens, completion=event.completion_tokens)
-                except Exception:  # the database is away too: the row stays, unmarked, for the sweeper
+                except Exception:  # the row stays, unmarked, for the sweeper (which asks the worker)
                     log.exception("could not mark the journal row unsettled", extra={"request_id": self.request_id})
         await record_usage(event)
         log.info(

@@ -28,6 +28,7 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.urls import set_script_prefix
 
 from controlplane import bodylimit
+from controlplane.client_ip import client_ip_from_scope
 from controlplane.errors import ApplicationError
 
 log = logging.getLogger("tessera.gateway")
@@ -52,11 +53,14 @@ async def _authenticate_before_reading(scope, length: int | None) -> None:
     """Refuse (ApplicationError) a request whose key cannot be valid, without reading its body: its
     shape always, the key itself for a large or chunked body. The view authenticates again (from the
     process cache when it is on)."""
+    from tenants import auth_throttle
+
     from .proxy import principal_for
 
     header = next((value.decode("latin-1") for name, value in scope.get("headers", ())
                    if name.lower() == b"authorization"), None)
-    await principal_for(header, lookup=length is None or length > AUTH_BEFORE_READING_BYTES)
+    await auth_throttle.guarded(client_ip_from_scope(scope), header, principal_for,
+                                lookup=length is None or length > AUTH_BEFORE_READING_BYTES)
 
 
 class GatewayHandler(ASGIHandler):

@@ -1,8 +1,9 @@
 """The usage journal's writes (models.InflightRequest): admit before the first byte, forget with the ledger row.
 
-`admit` runs on the request path, after a worker is picked and before it is sent the request: one
-INSERT, group-committed by the usage writer's thread with the other rows queued at the same time
-(usage_writer.py); `move` follows only when that worker fails to connect and another is tried. `forget` runs inside the transaction that
+The request path admits through the usage writer (usage_writer.admit: one INSERT, group-committed
+by its thread with the other rows queued at the same time, or spooled while the database is away);
+`usage_writer.move` follows only when that worker fails to connect and another is tried. This module
+is the database side the writer and the spool's replay call. `forget` runs inside the transaction that
 writes the ledger rows (usage_writer.py, usage_queue.py), so a request is either in the journal or
 in the ledger, never in neither; a crash between the two leaves it in both, which the sweeper's
 idempotent ingest (first write wins) and the limiter's idempotent settle turn into one bill.
@@ -33,8 +34,9 @@ class Admission:
     created_at: dt.datetime
 
 
-def insert(admissions: list[Admission]) -> None:
-    """Write journal rows (the usage writer's thread, inside its batch transaction)."""
+def insert(admissions: list[Admission], *, ignore_conflicts: bool = False) -> None:
+    """Write journal rows (the usage writer's thread, inside its batch transaction; a spool replay
+    with `ignore_conflicts`, since a replay may be a second one)."""
     from .models import InflightRequest
 
     if not admissions:
@@ -44,41 +46,13 @@ def insert(admissions: list[Admission]) -> None:
         fields = {name: getattr(admission, name) for name in Admission.__slots__}
         fields["adapter"] = admission.adapter or ""
         rows.append(InflightRequest(**fields))
-    InflightRequest.objects.bulk_create(rows)
+    InflightRequest.objects.bulk_create(rows, ignore_conflicts=ignore_conflicts)
 
 
-async def admit(admission: Admission) -> None:
-    """Durable before it returns (group-committed by the process's usage writer with whatever else is
-    queued); raises if the database cannot take it (the caller refuses the request)."""
-    from . import usage_writer
-
-    await usage_writer.writer_for(_sync_sink()).admit(admission)
-
-
-def _sync_sink():
-    """The configured ledger sink when it is a plain function (its writer thread takes the journal's
-    rows too, so one thread writes everything), else None: a writer for journal rows only."""
-    import asyncio
-
-    from django.conf import settings
-    from django.utils.module_loading import import_string
-
-    try:
-        sink = import_string(settings.TESSERA_USAGE_SINK)
-    except ImportError:
-        return None
-    return None if asyncio.iscoroutinefunction(sink) else sink
-
-
-def _move(request_id: str, worker_url: str) -> None:
+def move_sync(request_id: str, worker_url: str) -> None:
     from .models import InflightRequest
 
     InflightRequest.objects.filter(request_id=request_id).update(worker_url=worker_url)
-
-
-async def move(request_id: str, worker_url: str) -> None:
-    """The request went to another worker (the first failed before accepting it)."""
-    await db_call(_move, request_id, worker_url)
 
 
 def forget(request_ids: Iterable[str]) -> int:
@@ -97,13 +71,8 @@ async def forget_async(request_ids: Iterable[str]) -> int:
     return await db_call(forget, list(request_ids))
 
 
-def _mark_unsettled(request_id: str, prompt: int, cached: int, completion: int) -> int:
+def mark_unsettled_sync(request_id: str, prompt: int, cached: int, completion: int) -> int:
     from .models import InflightRequest
 
     return InflightRequest.objects.filter(request_id=request_id).update(
         unsettled_prompt_tokens=prompt, unsettled_cached_tokens=cached, unsettled_completion_tokens=completion)
-
-
-async def mark_unsettled(request_id: str, *, prompt: int, cached: int, completion: int) -> int:
-    """The limiter could not be settled: keep the row, with the request's final counts, for the sweeper."""
-    return await db_call(_mark_unsettled, request_id, prompt, cached, completion)

@@ -39,3 +39,22 @@ class InflightRequest(models.Model):
 
     def __str__(self) -> str:
         return self.request_id
+
+
+class StoredResponse(models.Model):
+    """A Responses API answer kept (`store: true`) so that `previous_response_id` continues from it and
+    GET /v1/responses/{id} returns it. `context` is everything the model saw, less `instructions` (which
+    OpenAI does not carry over), plus what it answered: one read rebuilds the conversation, and deleting
+    an earlier response does not break the ones that continued it. Kept TESSERA_RESPONSES_RETENTION_DAYS."""
+
+    id = models.CharField(max_length=64, primary_key=True)  # resp_<hex of the gateway's request id>
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="stored_responses")
+    body = models.JSONField()  # the Response object as the client received it
+    context = models.JSONField()  # input items (earlier turns included) + output items
+    created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["created_at"], name="gateway_response_created")]
+
+    def __str__(self) -> str:
+        return self.id

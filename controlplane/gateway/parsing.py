@@ -220,11 +220,19 @@ def parse(raw: bytes, kind: str) -> ParsedRequest:
     else:
         prompt_estimate, prompt_bound, prefix, prompts = _completions(body)
         n *= prompts
-        max_completion = _positive_int(body, "max_tokens")
+        max_completion = _completion_max_tokens(body)
     if max_completion is None:
         max_completion = settings.TESSERA_DEFAULT_MAX_TOKENS
     return ParsedRequest(kind, body, model, stream, wants_usage, prompt_estimate, prompt_bound, max_completion, n,
                          prefix)
+
+
+def _completion_max_tokens(body: dict) -> int | None:
+    """max_tokens 0 scores a prompt (its logprobs, with echo or prompt_logprobs): the worker generates nothing."""
+    if body.get("max_tokens") == 0 and _is_int(body["max_tokens"]) and (
+            body.get("echo") is True or body.get("prompt_logprobs") is not None):
+        return 0
+    return _positive_int(body, "max_tokens")
 
 
 def affinity_key(parsed: ParsedRequest, cache_salt: str) -> bytes:

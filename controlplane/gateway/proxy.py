@@ -25,14 +25,15 @@ import httpx
 import orjson
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
+from controlplane.client_ip import client_ip
 from controlplane.errors import ApplicationError
 from controlplane.slo import content_log
 from controlplane.slo import metrics as slo_metrics
-from tenants import auth
+from tenants import auth, auth_throttle
 from tenants.auth import KeyPrincipal
 from tenants.limits import LimitPlan, get_limiter, period_start
 
-from . import accounting, admission, journal, outages, parsing, upstream, worker_usage
+from . import accounting, admission, journal, outages, parsing, upstream, usage_writer, worker_usage
 from .accounting import Meter
 from .responses import error_response, ratelimit_headers, refusal
 from .sse import StreamMeter, usage_counts
@@ -60,15 +61,31 @@ async def principal_for(authorization: str | None, *, lookup: bool = True) -> Ke
     if not lookup:
         return None
     hit, principal = auth.cached_lookup(secret)
+    if not hit and outages.recently_down("database"):
+        # Do not make every request wait on a database that just failed (a hung one costs a connect
+        # timeout each): the key as the database last said, if it did so recently.
+        hit, principal = auth.last_known(secret)
+        if hit:
+            outages.note_serving_from_memory("keys")
     if not hit:
         from controlplane.asyncdb import db_call
 
-        principal = await db_call(auth.lookup, secret)
+        try:
+            principal = await db_call(auth.lookup, secret)
+        except Exception as exc:
+            if outages.dependency_of(exc) != "database":
+                raise
+            outages.mark_down("database")
+            hit, principal = auth.last_known(secret)  # a database blink: the key as it was moments ago
+            if not hit:
+                raise
+            outages.note_serving_from_memory("keys")
     return auth.check(principal)
 
 
 async def authenticate(request: HttpRequest) -> KeyPrincipal:
-    principal = await principal_for(request.headers.get("Authorization"))
+    # Failed keys are throttled per client address; a valid key pays nothing for it (auth_throttle.py).
+    principal = await auth_throttle.guarded(client_ip(request), request.headers.get("Authorization"), principal_for)
     accounting.note_key_used(principal.key_id)
     return principal
 
@@ -117,28 +134,30 @@ async def reserve(principal: KeyPrincipal, parsed: parsing.ParsedRequest, target
     limiter = get_limiter()
     period = period_start()
     decision = await limiter.reserve(plan)
-    if decision is None:  # first request of the month under a spend budget: seed from the ledger
+    if decision is None:  # no counter for this month (a new month, or Redis lost it): seed from the ledger
         try:
-            seed = await accounting.spend_seed_nano(principal.tenant_id, period)
+            # Spend is counted only under a spend budget (only then are requests priced at admission).
+            seed = await accounting.budget_seed(principal.tenant_id, period,
+                                                with_spend=principal.limits.monthly_spend_budget is not None)
         except ImportError as exc:
             raise ApplicationError(
-                "Spend budgets cannot be enforced right now (billing is not available).",
+                "Budgets cannot be enforced right now (billing is not available).",
                 code="billing_unavailable", status=503,
             ) from exc
-        decision = await limiter.reserve(plan, spend_seed_nano=seed)
+        decision = await limiter.reserve(plan, seed=seed)
     if not decision.allowed:
         raise refusal(decision, principal.tenant_slug, plan.tokens)
     return plan, period, decision
 
 
 async def open_upstream(
-    request: HttpRequest, parsed: parsing.ParsedRequest, principal: KeyPrincipal, request_id: str, meter: Meter
+    raw: bytes, parsed: parsing.ParsedRequest, principal: KeyPrincipal, request_id: str, meter: Meter
 ) -> tuple[Worker, httpx.Response]:
     """Send to the best worker; on a connection failure before the first byte, try another. The usage
     journal learns the worker before the worker learns the request."""
     registry = get_registry()
     key = parsing.affinity_key(parsed, principal.cache_salt)
-    body = parsing.upstream_body(request.body, parsed)
+    body = parsing.upstream_body(raw, parsed)
     path = "/v1/chat/completions" if parsed.kind == "chat" else "/v1/completions"
     headers = {
         "Content-Type": "application/json",
@@ -187,16 +206,23 @@ async def open_upstream(
     )
 
 
-async def handle(request: HttpRequest, kind: str) -> HttpResponse:
-    request_id = new_request_id()
+async def handle(request: HttpRequest, kind: str, *, body: bytes | None = None,
+                 principal: KeyPrincipal | None = None, request_id: str | None = None,
+                 batch_id: str = "") -> HttpResponse:
+    """`body` and `principal` let another front (responses_api.py) send its own translation of the
+    request, for a caller it has already authenticated, through the same limits and meter."""
+    raw = request.body if body is None else body
+    # A batch line (controlplane/batches) brings its own id: the ledger's key for that line, and its
+    # usage is marked with the batch (its own price line).
+    request_id = request_id or new_request_id()
     started = time.perf_counter()
     created_at = dt.datetime.now(dt.UTC)
     extra_headers: dict[str, str] = {}
     meter: Meter | None = None
     tier = ""
     try:
-        principal = await authenticate(request)
-        parsed = parsing.parse(request.body, kind)
+        principal = principal or await authenticate(request)
+        parsed = parsing.parse(raw, kind)
         registry = get_registry()
         await registry.ensure_polling()
         target = registry.resolve(parsed.model)
@@ -205,9 +231,9 @@ async def handle(request: HttpRequest, kind: str) -> HttpResponse:
         admission.check(registry, parsed.model, principal.limits.priority)  # overload: lowest tiers first
         plan, period, decision = await reserve(principal, parsed, target, request_id)
         extra_headers = ratelimit_headers(decision)
-        meter = Meter(request_id, principal, target, plan, period, created_at, started)
-        meter.logs_content = content_log.request(principal, request_id, request.body)
-        worker, response = await open_upstream(request, parsed, principal, request_id, meter)
+        meter = Meter(request_id, principal, target, plan, period, created_at, started, batch_id=batch_id)
+        meter.logs_content = content_log.request(principal, request_id, raw)
+        worker, response = await open_upstream(raw, parsed, principal, request_id, meter)
     except ApplicationError as exc:
         if meter is not None:
             meter.finish(status="error", http_status=exc.status)
@@ -238,9 +264,9 @@ async def _journal(meter: Meter, parsed: parsing.ParsedRequest, worker_url: str)
     """Write (or, on a retry, move) the request's usage-journal row; 503 if the database cannot take it."""
     try:
         if meter.journaled:
-            await journal.move(meter.request_id, worker_url)
+            await usage_writer.move(meter.request_id, worker_url)
         else:
-            await journal.admit(journal.Admission(
+            await usage_writer.admit(journal.Admission(
                 request_id=meter.request_id, tenant_id=meter.principal.tenant_id, api_key_id=meter.principal.key_id,
                 model=meter.target.base, adapter=meter.target.adapter, tier=meter.principal.limits.tier,
                 prompt_estimate=reserved_prompt(meter.principal, parsed), reserved_tokens=meter.plan.tokens,
@@ -381,6 +407,7 @@ def _streaming(upstream_response, worker, parsed, meter: Meter, request_id: str,
     loop = asyncio.get_running_loop()
     weakref.finalize(body, lambda: loop.is_closed() or loop.call_soon_threadsafe(lambda: accounting.spawn(close())))
     response = StreamingHttpResponse(body, content_type="text/event-stream")
+    response.relay = body  # closed by a front that re-frames the events (responses_api.py), which meters
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return _finish_response(response, upstream_response, request_id, headers)

@@ -1,4 +1,4 @@
-"""Celery tasks of the gateway: the usage sweeper (beat, every minute)."""
+"""Celery tasks of the gateway: the usage sweeper (beat, every minute), the stored-responses prune (hourly)."""
 
 from __future__ import annotations
 
@@ -22,3 +22,12 @@ async def _sweep_once() -> dict[str, int]:
 def usage_sweep() -> dict[str, int]:
     """Idempotent: every row it finishes is billed once whatever else runs at the same time."""
     return asyncio.run(_sweep_once())
+
+
+@shared_task(name="gateway.responses_prune", acks_late=True, autoretry_for=(DatabaseError,), retry_backoff=True,
+             retry_backoff_max=300, max_retries=5)
+def responses_prune() -> int:
+    """Stored Responses API answers past retention (reads already skip them; this frees the rows)."""
+    from .responses_store import stored_responses_prune
+
+    return stored_responses_prune()

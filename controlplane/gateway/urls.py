@@ -1,13 +1,17 @@
-from django.urls import path
+from django.urls import include, path
 
-from . import views
+from . import responses_api, views
 
 app_name = "gateway"
 
 urlpatterns = [
     path("chat/completions", views.chat_completions, name="chat-completions"),
     path("completions", views.completions, name="completions"),
+    path("responses", responses_api.create, name="responses"),
+    path("responses/<str:response_id>", responses_api.detail, name="response-detail"),
+    path("responses/<str:response_id>/input_items", responses_api.input_items, name="response-input-items"),
     path("models", views.models, name="models"),
     path("models/<path:model>", views.model_detail, name="model-detail"),
+    path("", include("controlplane.batches.urls")),  # /v1/files, /v1/batches
     path("<path:rest>", views.not_found, name="not-found"),
 ]

@@ -1,7 +1,7 @@
 """Which workers exist, which are ready, what they serve, and which one gets the next request.
 
-Workers come from the deployments registry (controlplane/deployments/routing.py: ready replicas
-on ready workers, read from the database), or, when TESSERA_WORKERS is set, from that static list
+Workers come from the registry the deployments app installs (`install_registry`;
+controlplane/deployments/routing.py: ready replicas on ready workers, read from the database), or, when TESSERA_WORKERS is set, from that static list
 of base URLs: then each gateway process polls every worker's /ready and /v1/models in the
 background; a model card with a `parent` is a LoRA adapter of that parent (vLLM's convention).
 
@@ -17,10 +17,12 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 from controlplane.errors import ApplicationError
 
@@ -49,6 +51,7 @@ class Worker:
     cards: list[dict] = field(default_factory=list)  # the worker's model cards as it returned them
     waiting: int = 0  # the engine's waiting queue at the last poll (/ready's body)
     seats: int = 0  # the engine's max_num_seqs (0 = unknown); in-flight beyond it are queued
+    running: int = 0  # the engine's running requests at the last poll (the batch runner's admission)
 
     def mark_failed(self) -> None:
         self.ready = False
@@ -90,6 +93,7 @@ class Registry:
             load = ready.json()
             worker.waiting = int(load.get("waiting") or 0)
             worker.seats = int(load.get("max_num_seqs") or 0)
+            worker.running = int(load.get("running") or 0)
         except (ValueError, TypeError, AttributeError):
             worker.waiting = 0
         worker.ready = ready.status_code == 200
@@ -156,6 +160,7 @@ class Registry:
 
 
 _registry: tuple[str, Registry] | None = None
+_dynamic_registry: Callable[[], Registry] | None = None
 
 
 def get_registry() -> Registry:
@@ -167,11 +172,20 @@ def get_registry() -> Registry:
         urls = [u.strip() for u in configured.split(",") if u.strip()]
         if urls:
             _registry = (configured, Registry(urls))
+        elif _dynamic_registry is None:
+            raise ImproperlyConfigured("TESSERA_WORKERS is empty and no registry is installed "
+                                       "(controlplane.deployments installs one when its app is ready)")
         else:
-            from controlplane.deployments.routing import DeploymentRegistry
-
-            _registry = (configured, DeploymentRegistry())
+            _registry = (configured, _dynamic_registry())
     return _registry[1]
+
+
+def install_registry(factory: Callable[[], Registry]) -> None:
+    """The registry get_registry() builds when TESSERA_WORKERS is empty. The deployments app installs
+    its database-backed one at start-up, so this module (the interface) never imports its implementer."""
+    global _dynamic_registry, _registry
+    _dynamic_registry = factory
+    _registry = None
 
 
 def visible_to(target: ModelTarget, tenant_id: int) -> bool:

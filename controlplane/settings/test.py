@@ -2,6 +2,8 @@
 
 import os
 import socket
+import tempfile
+from pathlib import Path
 
 from .base import *  # noqa: F401,F403
 from .base import VAR_DIR
@@ -46,3 +48,14 @@ SECRET_KEY = "test-secret-key"
 TESSERA_API_KEY_SECRET = "test-api-key-secret"
 TESSERA_AUTH_CACHE_SECONDS = 0.0
 TESSERA_WORKERS = ""
+# Each test process spools into its own directory: one run must never replay another's usage.
+TESSERA_USAGE_SPOOL_DIR = Path(tempfile.mkdtemp(prefix="tessera-spool-"))
+# Off by default: many tests send bad keys from 127.0.0.1 on purpose; tests/controlplane/test_auth_throttle*.py
+# turn it on.
+TESSERA_AUTH_FAILURES_PER_MINUTE = 0
+# The test database starts with an empty price book (tests price what they bill); billing's own tests
+# seed the default list price themselves.
+BILLING_DEFAULT_LIST_PRICE = ""
+# Nothing collected: the test client and live_server never serve static files through WhiteNoise (the
+# browser tests that check the admin's styles run the real server on a collected tree).
+STATIC_ROOT = Path(tempfile.mkdtemp(prefix="tessera-static-"))

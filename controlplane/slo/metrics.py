@@ -152,13 +152,8 @@ REGISTRY.register(WorkerHealthCollector())
 REGISTRY.register(SLO_COLLECTOR)
 
 
-def _register_journal() -> None:
-    from controlplane.gateway.journal_metrics import JOURNAL_COLLECTOR
-
-    REGISTRY.register(JOURNAL_COLLECTOR)
-
-
-_register_journal()
+# The gateway's usage journal and spool add their collectors to REGISTRY from GatewayConfig.ready,
+# so this module never imports them back.
 
 
 def render() -> bytes:

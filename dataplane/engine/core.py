@@ -114,7 +114,9 @@ class EngineCore:
         for i in range(params.n):
             p = params
             if params.n > 1:
-                p = _copy_params(params, seed=None if params.seed is None else params.seed + i)
+                # Prompt logprobs are the parent's, computed once: siblings keep sharing the prompt's blocks.
+                p = _copy_params(params, seed=None if params.seed is None else params.seed + i,
+                                 prompt_logprobs=params.prompt_logprobs if i == 0 else None)
             children.append(Request(f"{rid}#{i}" if params.n > 1 else rid, ids, p, self.tokenizer.eos_token_ids,
                                     priority, cache_salt, adapter, wait_for=children[0] if children else None))
         self.scheduler.check_admissible(children[0])

@@ -30,6 +30,8 @@ class _Parent:
     prompt: str | None
     prompt_token_ids: list[int]
     completions: list[_Completion] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # from the first completion, once computed
+    sent_prompt_logprobs: bool = False
 
     @property
     def finished(self) -> bool:
@@ -68,6 +70,8 @@ class OutputProcessor:
             if c.finish_reason is not None:
                 continue
             stop_str = c.detok.add_tokens(o.new_token_ids) if o.new_token_ids else None
+            if o.prompt_logprobs is not None and parent.prompt_logprobs is None:
+                parent.prompt_logprobs = [None, *o.prompt_logprobs]
             if o.new_logprobs and c.logprobs is not None:
                 c.logprobs.extend(o.new_logprobs)
             if stop_str is not None:
@@ -130,5 +134,9 @@ class OutputProcessor:
                                  min((c.request.times.first_token for c in parent.completions
                                       if c.request.times.first_token is not None), default=None),
                                  (finished_at or last_token) if parent.finished else None)
+        prompt_lps = parent.prompt_logprobs
+        if delta:
+            prompt_lps, parent.sent_prompt_logprobs = (None if parent.sent_prompt_logprobs else prompt_lps,
+                                                       parent.sent_prompt_logprobs or prompt_lps is not None)
         return RequestOutput(parent.request_id, parent.prompt_token_ids, comps, parent.finished,
-                             max(first.num_cached_tokens, 0), metrics, parent.prompt)
+                             max(first.num_cached_tokens, 0), metrics, parent.prompt, prompt_lps)

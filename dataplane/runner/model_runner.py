@@ -16,6 +16,7 @@ import torch
 from dataplane.lora.runtime import LoRARuntime
 from dataplane.models.llama import LlamaModel
 from dataplane.runner.attention import AttentionMetadata, build_decode_groups, make_prefill_chunk
+from dataplane.runner.prompt_logprobs import prompt_logprobs
 from dataplane.sampling.sampler import Sampler, SamplingRow
 from dataplane.sampling_params import SamplingParams
 from dataplane.scheduler.output import ModelRunnerOutput, SchedulerOutput
@@ -95,6 +96,7 @@ class ModelRunner:
         logits_rows: list[int] = []
         sampled: list[str] = []
         chunks: list[tuple[int, int, int, list[int]]] = []
+        prompt_rows: list[tuple[str, range, list[int]]] = []  # (request, rows, the tokens they predict)
         for rid in order:
             st = self.states[rid]
             n = sched[rid]
@@ -107,9 +109,12 @@ class ModelRunner:
             slots.extend(table[p // bs] * bs + p % bs for p in pos)
             if n > 1:
                 chunks.append((row0, row0 + n, start, table[: -(-(start + n) // bs)]))
-            if start + n == len(st.token_ids):  # the chunk reaches the end: sample the next token
+            if start + n == len(st.token_ids) and st.params.max_tokens:  # the chunk reaches the end: sample
                 logits_rows.append(row0 + n - 1)
                 sampled.append(rid)
+            if st.params.prompt_logprobs is not None and start < st.num_prompt_tokens - 1:
+                end = min(start + n, st.num_prompt_tokens - 1)  # position p predicts prompt token p + 1
+                prompt_rows.append((rid, range(row0, row0 + end - start), st.token_ids[start + 1 : end + 1]))
 
         device = self.model.device
         meta = AttentionMetadata(
@@ -129,7 +134,8 @@ class ModelRunner:
                 torch.tensor(input_ids, dtype=torch.long, device=device),
                 torch.tensor(positions, dtype=torch.long, device=device),
                 meta, self.kv_caches,
-                torch.tensor(logits_rows, dtype=torch.long, device=device),
+                torch.tensor(logits_rows + [r for _, rows, _ in prompt_rows for r in rows], dtype=torch.long,
+                             device=device),
                 lora=lora,
             )
         except BaseException:
@@ -138,6 +144,11 @@ class ModelRunner:
             raise
         for rid in order:
             self.states[rid].num_computed_tokens += sched[rid]
+        if prompt_rows:
+            result.prompt_logprobs = prompt_logprobs(logits[len(logits_rows):], prompt_rows,
+                                                     {rid: self.states[rid].params.prompt_logprobs
+                                                      for rid, _, _ in prompt_rows})
+            logits = logits[: len(logits_rows)]
         if not sampled:
             return result
         rows = []

@@ -48,12 +48,16 @@ class TokenLogprobs:
     token_id: int  # the sampled token
     logprob: float  # its log-probability under the model's raw distribution
     top: list[tuple[int, float]]  # the most likely alternatives, best first
+    rank: int | None = None  # prompt logprobs: 1 + the number of likelier tokens
 
 
 @dataclass(slots=True)
 class ModelRunnerOutput:
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)  # new tokens; [] mid-prefill
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # only requests that asked
+    # Requests that asked for prompt logprobs: one entry per position p+1 predicted by a prompt position p
+    # computed this step (the chunk's first computed position predicts the entry for start + 1).
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     failed_request_ids: dict[str, str] = field(default_factory=dict)  # request -> error message
 
 
@@ -68,3 +72,4 @@ class EngineCoreOutput:
     stop_reason: int | str | None = None  # the stop token id that ended it, if any
     num_cached_tokens: int = 0  # prompt tokens that came from the prefix cache
     error: str | None = None  # message when finish_reason == "error"
+    prompt_logprobs: list[TokenLogprobs] | None = None  # prompt positions 1.. (all of them), with the first token

@@ -238,7 +238,10 @@ class Scheduler:
                 break  # this step's prefill cap is spent, for every priority
             if len(self.running) >= self.config.max_num_seqs and not self._preempt_for(req, out, now):
                 break
-            hits, num_hit = self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else ([], 0)
+            # A request still owed prompt logprobs skips the prefix-cache lookup: cached positions
+            # have no logits, so its whole prompt is computed (its blocks are still published for others).
+            lookup = req.num_computed_tokens == 0 and not req.needs_prompt_logprobs
+            hits, num_hit = self.kv.get_computed_blocks(req) if lookup else ([], 0)
             n = self._chunk(req.num_tokens - num_hit, budget, req)
             new = self.kv.allocate_slots(req, n, hits)
             while new is None and self._preempt_for(req, out, now):
@@ -308,7 +311,14 @@ class Scheduler:
                 continue
             self.prompt_tokens += max(0, min(req.num_computed_tokens + n, req.num_prompt_tokens)
                                       - req.num_computed_tokens)
+            self._add_prompt_logprobs(req, result.prompt_logprobs.get(rid))
             req.num_computed_tokens += n
+            if req.sampling_params.max_tokens == 0 and req.num_computed_tokens >= req.num_prompt_tokens:
+                self.running.remove(req)  # a scored prompt: its logprobs are the whole answer
+                self._finish(req, RequestStatus.FINISHED_LENGTH)
+                outputs.append(EngineCoreOutput(rid, [], None, "length", None, max(req.num_cached_tokens, 0),
+                                                prompt_logprobs=req.prompt_logprobs))
+                continue
             new_tokens = result.sampled_token_ids.get(rid)
             if not new_tokens:
                 continue  # mid-prefill chunk
@@ -328,10 +338,22 @@ class Scheduler:
             if status is not None:
                 self.running.remove(req)
                 self._finish(req, status)
+            first = req.num_output_tokens == len(accepted)  # not again after a preemption's recompute
+            prompt_lps = req.prompt_logprobs if first and req.sampling_params.prompt_logprobs is not None else None
             outputs.append(EngineCoreOutput(
                 rid, accepted, logprobs[: len(accepted)] if logprobs else None,
-                status.finish_reason if status else None, req.stop_reason, max(req.num_cached_tokens, 0)))
+                status.finish_reason if status else None, req.stop_reason, max(req.num_cached_tokens, 0),
+                prompt_logprobs=prompt_lps))
         return outputs
+
+    @staticmethod
+    def _add_prompt_logprobs(req: Request, entries: list | None) -> None:
+        """Keep the entries past those already known (a recompute after preemption repeats them)."""
+        if not entries:
+            return
+        start, have = req.num_computed_tokens, len(req.prompt_logprobs)  # entries[0] is position start + 1
+        if start <= have:
+            req.prompt_logprobs.extend(entries[have - start:])
 
     def _stop_status(self, req: Request, token: int) -> RequestStatus | None:
         p = req.sampling_params

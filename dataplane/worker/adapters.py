@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -29,10 +29,19 @@ from dataplane.engine.async_llm import AsyncLLM, EngineDeadError
 from dataplane.lora.manager import LoRAStats
 from dataplane.worker import errors
 from dataplane.worker.adapter_root import OutsideAdapterRoot, resolve_in_root
-from dataplane.worker.metrics import P
+from dataplane.worker.config import WorkerConfig
+from dataplane.worker.metrics import P, WorkerMetrics
 
-if TYPE_CHECKING:
-    from dataplane.worker.app import WorkerState
+
+class WorkerState(Protocol):
+    """What these routes read of dataplane.worker.state.WorkerState (which imports this module)."""
+
+    config: WorkerConfig
+    engine: AsyncLLM | None
+    metrics: WorkerMetrics
+    created: int
+
+    def status(self) -> str: ...
 
 
 def resolve_model(requested: str | None, served: str, engine: AsyncLLM | None) -> str | None:

@@ -71,6 +71,11 @@ class WorkerConfig:
     # structured outputs: a grammar must compile within this many seconds (a killable child process
     # probes it first, dataplane/structured/compile_process.py) or the request is a 400; 0: no deadline
     grammar_compile_timeout: float = 10.0
+    # tool_choice auto: hermes, llama3_json, pythonic, "auto" (from the model's chat template: Llama 3's
+    # tool turns -> llama3_json, ChatML -> hermes) or "none" (auto refused); and whether a call, once
+    # opened, is held to a valid call of a given tool (dataplane/worker/tool_parsers/grammar.py)
+    tool_call_parser: str = "auto"
+    tool_call_constraint: bool = True
     # lifecycle
     drain_timeout: float = 30.0  # seconds to let in-flight requests finish after SIGTERM
     log_level: str = "info"
@@ -105,6 +110,9 @@ class WorkerConfig:
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len: must be >= 1, got {self.max_model_len}")
         parse_waiting_limits(self.waiting_limits)  # fails early, naming the field
+        if self.tool_call_parser not in ("auto", "none", "hermes", "llama3_json", "pythonic"):
+            raise ValueError(f"tool_call_parser: must be auto, none, hermes, llama3_json or pythonic, "
+                             f"got {self.tool_call_parser!r}")
         if self.enable_lora:
             LoRAConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank, max_cpu_loras=self.max_cpu_loras)
         self.log_level = self.log_level.lower()

@@ -1,9 +1,11 @@
 """Request bodies, after OpenAI's schemas, and what they mean for the engine.
 
 Parsing is strict about the types of the fields it knows (`"temperature": "0.5"` is a 400, as it
-is at OpenAI) and ignores fields it does not know. Every field is nullable, so a client that sends
-`"n": null` gets the default. Extensions (after vLLM's): top_k, min_p, repetition_penalty,
-priority, ignore_eos, stop_token_ids, skip_special_tokens, include_stop_str_in_output, and for
+is at OpenAI). A top-level field it does not know is refused with a 400 naming it, unless it is
+one of OpenAI's that cannot change the answer (unknown_fields.py). Every field is nullable, so a
+client that sends `"n": null` gets the default. Extensions (after vLLM's): top_k, min_p,
+repetition_penalty, priority, ignore_eos, stop_token_ids, skip_special_tokens,
+include_stop_str_in_output, prompt_logprobs, and for
 structured outputs `structured_outputs` ({json | json_object | regex | choice | grammar}) and the
 older guided_json, guided_regex, guided_choice, guided_grammar. OpenAI's `response_format`
 (json_object, json_schema) is taken on both endpoints.
@@ -14,16 +16,23 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from dataplane.sampling_params import SamplingParams
 from dataplane.structured.params import KINDS, StructuredOutputs
 from dataplane.worker.errors import WorkerError, invalid
+from dataplane.worker.tool_parsers import ToolParser
 from dataplane.worker.tools import ToolMode, parse_tools, template_message
+from dataplane.worker.unknown_fields import check_response_format_keys, refuse_unknown, response_format_schema
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class _TopLevel(_Body):
+    # Unknown top-level fields are kept, then refused or ignored by name (unknown_fields.py).
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class StreamOptions(_Body):
@@ -43,7 +52,7 @@ class ChatMessage(_Body):
     tool_call_id: str | None = None  # a tool's answer to that call
 
 
-class GenerationRequest(_Body):
+class GenerationRequest(_TopLevel):
     model: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
@@ -66,6 +75,7 @@ class GenerationRequest(_Body):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
+    prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob and this many alternatives
     # structured outputs
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
@@ -87,11 +97,21 @@ class GenerationRequest(_Body):
             "ignore_eos": self.ignore_eos, "stop_token_ids": self.stop_token_ids,
             "skip_special_tokens": self.skip_special_tokens,
             "include_stop_str_in_output": self.include_stop_str_in_output,
-            "logit_bias": self._logit_bias(),
+            "logit_bias": self._logit_bias(), "prompt_logprobs": self.engine_prompt_logprobs,
         }
+        refuse_unknown(self.model_extra)
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, stop=stop, structured=self.structured(),
                               **{k: v for k, v in given.items() if v is not None})
+
+    @property
+    def engine_prompt_logprobs(self) -> int | None:
+        """Alternatives per prompt token the engine computes, or None (no prompt logprobs)."""
+        if self.prompt_logprobs is not None and self.stream:
+            # As vLLM: the prompt's logprobs are one block, not a stream of deltas.
+            raise invalid("prompt_logprobs: not available when streaming; use stream: false",
+                          "prompt_logprobs", "unsupported_parameter")
+        return self.prompt_logprobs
 
     def _logit_bias(self) -> dict[int, float] | None:
         """OpenAI sends token ids as JSON object keys (strings)."""
@@ -108,6 +128,8 @@ class GenerationRequest(_Body):
         """The output constraint, from whichever one field carries it (a 400 if several do)."""
         legacy = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
         given = [f for f in ("response_format", "structured_outputs", *legacy) if getattr(self, f) is not None]
+        if self.response_format is not None:
+            check_response_format_keys(self.response_format)
         if self.response_format is not None and self.response_format.get("type") in (None, "text"):
             given.remove("response_format")  # plain text: no constraint
         if not given:
@@ -135,11 +157,18 @@ class ChatCompletionRequest(GenerationRequest):
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
+    # the worker's tool-call parser and whether `auto` calls are constrained; set before tool_mode is read
+    _tool_parser: ToolParser | None = PrivateAttr(default=None)
+    _tool_constrained: bool = PrivateAttr(default=True)
+
+    def use_tool_parser(self, parser: ToolParser | None, constrained: bool = True) -> None:
+        self._tool_parser, self._tool_constrained = parser, constrained
 
     @cached_property
     def tool_mode(self) -> ToolMode | None:
         """What tools / tool_choice ask for (tools.py); None: a text answer. Parsed once per request."""
-        return parse_tools(self.tools, self.tool_choice, self.parallel_tool_calls)
+        return parse_tools(self.tools, self.tool_choice, self.parallel_tool_calls, self._tool_parser,
+                           self._tool_constrained)
 
     def structured(self) -> StructuredOutputs | None:
         mode = self.tool_mode
@@ -193,15 +222,20 @@ class CompletionRequest(GenerationRequest):
     best_of: int | None = None
     suffix: str | None = None
 
+    @property
+    def engine_prompt_logprobs(self) -> int | None:
+        """`echo` with `logprobs: k` returns the prompt's logprobs too, k alternatives each."""
+        asked = super().engine_prompt_logprobs
+        if self.echo and self.logprobs is not None:
+            return max(self.logprobs, asked or 0)
+        return asked
+
     def prompts(self) -> list[str | list[int]]:
         """The batch this request asks for: strings or token-id lists, one per prompt."""
         if self.suffix:
             raise invalid("suffix is not supported by this worker.", "suffix", "unsupported_parameter")
         if self.best_of is not None and self.best_of != (self.n or 1):
             raise invalid("best_of: only best_of == n is supported", "best_of", "unsupported_parameter")
-        if self.echo and self.logprobs is not None:
-            raise invalid("echo with logprobs needs prompt logprobs, which this worker does not compute.",
-                          "echo", "unsupported_parameter")
         p = self.prompt
         if isinstance(p, str):
             return [p]
@@ -231,6 +265,9 @@ def _response_format(fmt: dict[str, Any]) -> StructuredOutputs:
     """OpenAI's response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}."""
     kind = fmt.get("type")
     if kind == "json_object":
+        schema = response_format_schema(fmt)  # the `schema` convention several hosted platforms accept
+        if schema is not None:
+            return StructuredOutputs(json=schema, source="response_format")
         return StructuredOutputs(json_object=True, source="response_format")
     if kind == "json_schema":
         spec = fmt.get("json_schema")

@@ -15,6 +15,7 @@ import orjson
 
 from dataplane.models.tokenizer import Tokenizer
 from dataplane.scheduler.output import TokenLogprobs
+from dataplane.worker.tool_parsers.stream import ToolStream
 from dataplane.worker.tools import ToolMode, call
 
 DONE = b"data: [DONE]\n\n"
@@ -103,7 +104,9 @@ class Choice:
     offset: int = 0  # completions logprobs: characters before the next token
     finish_reason: str | None = None
     error: str | None = None
+    num_calls: int = 0  # tool_choice auto, streamed: calls sent so far (each call's index)
     sent_role: bool = False  # chat streaming: the first chunk carries the role
+    tool_stream: ToolStream | None = None  # tool_choice auto, streamed: content and calls as they come
 
 
 class Renderer:
@@ -135,6 +138,56 @@ class Renderer:
         return out
 
     # -- streaming -----------------------------------------------------------------------------
+    def chunks(self, c: Choice, text: str, entries: list[TokenLogprobs] | None, finish_reason: str | None
+               ) -> list[dict[str, Any]]:
+        """One choice's chunks for a delta: one, none, or (tool_choice auto) a call's several."""
+        if self.tools is not None and self.tools.kind == "auto":
+            return self._auto_chunks(c, text, entries, finish_reason)
+        chunk = self.chunk(c, text, entries, finish_reason)
+        return [] if chunk is None else [chunk]
+
+    def _auto_chunks(self, c: Choice, text: str, entries: list[TokenLogprobs] | None, finish_reason: str | None
+                     ) -> list[dict[str, Any]]:
+        """Content as it comes; each call, once complete, as OpenAI streams one: its id and name
+        (arguments ""), then its arguments."""
+        tools = self.tools
+        assert tools is not None and tools.parser is not None
+        if c.tool_stream is None:
+            c.tool_stream = ToolStream(tools.parser, tools.by_name, tools.parallel)
+        stream = c.tool_stream
+        events = stream.feed(text) if text else []
+        if finish_reason is not None:
+            events += stream.finish()
+        deltas: list[dict[str, Any]] = []
+        for kind, value in events:
+            if kind == "content":
+                if deltas and "content" in deltas[-1] and "tool_calls" not in deltas[-1]:
+                    deltas[-1]["content"] += value
+                else:
+                    deltas.append({"content": value})
+                continue
+            k = c.num_calls
+            c.num_calls += 1
+            fn = value["function"]
+            deltas.append({"tool_calls": [{"index": k, "id": value["id"], "type": "function",
+                                           "function": {"name": fn["name"], "arguments": ""}}]})
+            deltas.append({"tool_calls": [{"index": k, "function": {"arguments": fn["arguments"]}}]})
+        if not c.sent_role:
+            c.sent_role = True
+            if deltas and "content" in deltas[0]:
+                deltas[0] = {"role": "assistant", **deltas[0]}
+            else:
+                deltas.insert(0, {"role": "assistant", "content": ""})
+        if not deltas and (finish_reason is not None or (self.logprobs and entries)):
+            deltas.append({})
+        if finish_reason == "stop" and c.num_calls:
+            finish_reason = "tool_calls"
+        out = [{"index": c.index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
+        if out:
+            out[0]["logprobs"] = self._logprobs(c, entries)
+            out[-1]["finish_reason"] = finish_reason
+        return out
+
     def chunk(self, c: Choice, text: str, entries: list[TokenLogprobs] | None, finish_reason: str | None
               ) -> dict[str, Any] | None:
         """One choice's chunk for a delta, or None when it carries nothing the client can see."""
@@ -187,6 +240,13 @@ class Renderer:
     def _tool_message(self, c: Choice, text: str) -> tuple[dict[str, Any], str | None]:
         tools = self.tools
         assert tools is not None
+        if tools.kind == "auto":
+            assert tools.parser is not None
+            parsed = tools.parser.parse(text, tools.by_name, tools.parallel)
+            if not parsed.calls:
+                return {"role": "assistant", "content": text, "refusal": None}, c.finish_reason
+            reason = "tool_calls" if c.finish_reason == "stop" else c.finish_reason
+            return {"role": "assistant", "content": parsed.content, "refusal": None, "tool_calls": parsed.calls}, reason
         calls = tools.calls(text)
         if calls is None:
             return {"role": "assistant", "content": text, "refusal": None}, c.finish_reason

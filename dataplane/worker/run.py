@@ -19,7 +19,7 @@ from starlette.types import Receive
 
 from dataplane.outputs import CompletionOutput, RequestOutput
 from dataplane.sampling_params import SamplingParams
-from dataplane.worker import errors
+from dataplane.worker import errors, prompt_logprobs
 from dataplane.worker.metrics import RequestTrace
 from dataplane.worker.render import DONE, Choice, Renderer, usage
 from dataplane.worker.tools import ToolMode
@@ -49,7 +49,9 @@ class Job:
     priority: int | None  # the body's `priority` extension
     echo: list[str] | None  # completions with echo: each prompt's text
     adapter: str | None = None  # the LoRA adapter `model` named (None: the base model)
-    tools: ToolMode | None = None  # chat with tool_choice named or required: the answer is tool calls
+    tools: ToolMode | None = None  # chat with tools to call (named, required or auto): see tools.py
+    echo_logprobs: int | None = None  # completions' echo with logprobs: alternatives per prompt token
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: alternatives per prompt token
 
     @property
     def num_choices(self) -> int:
@@ -69,6 +71,7 @@ class Generation:
         self.on_finish = on_finish  # the usage memory's: final counts, by request id
         self.choices = [Choice(i) for i in range(job.num_choices)]
         self.queue_time: float | None = None
+        self.prompt_logprobs: dict[int, list] = {}  # per prompt index, when the job asked for them
         self.status = "cancelled"  # until it ends otherwise: the client left, or the worker stopped
         self.done = False
 
@@ -87,6 +90,8 @@ class Generation:
         i, out = item
         if out.finished and self.queue_time is None:
             self.queue_time = out.metrics.queue_time
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs[i] = out.prompt_logprobs
         moved = []
         for o in out.outputs:
             c = self.choices[i * self.job.params.n + o.index]
@@ -128,7 +133,13 @@ class Generation:
             if failure is not None:
                 raise failure
             self.status = "ok"
-            return self.r.response(self.choices, self.usage(), self.job.echo, self.job.params.n)
+            body = self.r.response(self.choices, self.usage(), self.job.echo, self.job.params.n)
+            j = self.job
+            if j.echo_logprobs is not None or j.prompt_logprobs is not None:
+                body = prompt_logprobs.add_to_response(
+                    body, chat=j.chat, prompts=j.prompts, n=j.params.n, echo=j.echo, echo_k=j.echo_logprobs,
+                    vllm_k=j.prompt_logprobs, computed=self.prompt_logprobs, text=self.r.text)
+            return body
         finally:
             await self.close()  # on a disconnect: the engine request aborted, then its final counts
 
@@ -149,17 +160,17 @@ class Generation:
 
     async def stream(self, item: tuple[int, RequestOutput] | None) -> AsyncIterator[bytes]:
         try:
-            if self.job.echo is not None:
+            if self.job.echo is not None and self.job.echo_logprobs is None:
                 n = self.job.params.n
                 yield self.r.event([self.r.chunk(c, self.job.echo[c.index // n], None, None) for c in self.choices],
                                    self._frame())
             while item is not None:
                 chunks = []
+                if self.job.echo_logprobs is not None and item[1].prompt_logprobs is not None:
+                    chunks.extend(self._echo_chunks(item[0], item[1].prompt_logprobs))  # ahead of its completions
                 for c, o in self._apply(item, time.monotonic()):
                     reason = o.finish_reason if o.finish_reason in ("stop", "length") else None
-                    chunk = self.r.chunk(c, o.text, o.logprobs, reason)
-                    if chunk is not None:
-                        chunks.append(chunk)
+                    chunks.extend(self.r.chunks(c, o.text, o.logprobs, reason))
                 if chunks:
                     yield self.r.event(chunks, self._frame())
                 failure = self._failure()
@@ -177,6 +188,18 @@ class Generation:
             yield self._frame() + DONE
         finally:
             await self.close()
+
+    def _echo_chunks(self, i: int, entries: list) -> list[dict]:
+        """Echo with logprobs, streamed: prompt i's text and logprobs, once its logprobs are computed
+        (they come with its first token), for each of its choices; their offsets then follow the echo."""
+        j, n = self.job, self.job.params.n
+        assert j.echo is not None and j.echo_logprobs is not None
+        lp = prompt_logprobs.echo_logprobs(entries, j.prompts[i], j.echo_logprobs, self.r.text)
+        out = []
+        for c in self.choices[i * n : (i + 1) * n]:
+            c.offset = len(j.echo[i])
+            out.append({"index": c.index, "text": j.echo[i], "logprobs": lp, "finish_reason": None})
+        return out
 
     async def close(self) -> None:
         """Abort what is still running in the engine, then account for the request (idempotent)."""

@@ -31,6 +31,8 @@ from dataplane.worker.protocol import ChatCompletionRequest, CompletionRequest, 
 from dataplane.worker.render import Renderer, TokenText
 from dataplane.worker.run import Generation, Job, RequestContext
 from dataplane.worker.streaming import EventStream, race_disconnect
+from dataplane.worker.tool_parsers import get_parser, guess_parser
+from dataplane.worker.tool_parsers import template as tool_templates
 from dataplane.worker.usage_memory import RequestUsage, UsageMemory
 
 R = TypeVar("R", bound=GenerationRequest)
@@ -47,15 +49,25 @@ class Serving:
                                                                  config.usage_memory_seconds)
         self.text = TokenText(engine.tokenizer)
         self.active: set[str] = set()  # engine request ids in use
+        # tool_choice auto: the parser named by the setting, or the one the model's template implies
+        model_template = getattr(getattr(engine.tokenizer, "hf", None), "chat_template", None)
+        setting = config.tool_call_parser
+        self.tool_parser_name = guess_parser(model_template) if setting == "auto" else None if setting == "none" else setting
+        self.tool_parser = get_parser(self.tool_parser_name) if self.tool_parser_name else None
+        self.tool_template = tool_templates.tool_template(self.tool_parser_name, model_template)
 
     # -- parsing and checks (nothing queued yet) -----------------------------------------------
     def prepare_chat(self, raw: bytes, allowance: int | None = None) -> Job:
         req = _parse(ChatCompletionRequest, raw)
         adapter = resolve_model(req.model, self.config.model_id, self.engine)
         conversation = req.conversation()
+        req.use_tool_parser(self.tool_parser, self.config.tool_call_constraint)
         tool_mode = req.tool_mode
         try:
-            ids = self.engine.tokenizer.apply_chat_template(conversation, tools=req.tools)
+            if self.tool_template is not None and tool_templates.uses_tools(conversation, req.tools):
+                ids = tool_templates.render(self.engine.tokenizer.hf, conversation, req.tools, self.tool_template)
+            else:
+                ids = self.engine.tokenizer.apply_chat_template(conversation, tools=req.tools)
         except ValueError as exc:
             raise errors.from_value_error(exc, "messages") from None
         except Exception as exc:  # noqa: BLE001 - the template refused the conversation (jinja raised)
@@ -63,6 +75,7 @@ class Serving:
         max_tokens = self._max_tokens(req.requested_max_tokens, [ids], "messages", self.config.default_max_tokens)
         job = self._job(req, True, [ids], max_tokens, req.num_logprobs, "messages", None, adapter, allowance)
         job.tools = tool_mode
+        job.prompt_logprobs = req.prompt_logprobs
         return job
 
     def prepare_completion(self, raw: bytes, allowance: int | None = None) -> Job:
@@ -73,7 +86,9 @@ class Serving:
         ids = [tok.encode(p) if isinstance(p, str) else p for p in prompts]
         echo = [p if isinstance(p, str) else tok.decode(p) for p in prompts] if req.echo else None
         max_tokens = self._max_tokens(req.max_tokens, ids, "prompt", 16)  # 16: OpenAI's completions default
-        return self._job(req, False, ids, max_tokens, req.logprobs, "prompt", echo, adapter, allowance)
+        job = self._job(req, False, ids, max_tokens, req.logprobs, "prompt", echo, adapter, allowance)
+        job.echo_logprobs, job.prompt_logprobs = (req.logprobs if req.echo else None), req.prompt_logprobs
+        return job
 
     def _max_tokens(self, requested: int | None, prompts: list[list[int]], param: str, default: int) -> int:
         limit, longest = self.engine.max_model_len, max(len(p) for p in prompts)
@@ -191,13 +206,14 @@ def _priority(header: int | None, body: int | None) -> int:
 
 def _within_allowance(allowance: int, prompts: list[list[int]], n: int, max_tokens: int, param: str) -> int:
     """Per-choice max_tokens such that prompt + every completion fits the gateway's allowance."""
-    prompt_tokens, choices = sum(len(p) for p in prompts), len(prompts) * n
+    # max_tokens 0 scores the prompt: only the prompt must fit
+    prompt_tokens, choices = sum(len(p) for p in prompts), len(prompts) * n if max_tokens else 0
     if prompt_tokens + choices > allowance:  # not even one token per completion
         raise errors.WorkerError(
             f"The prompt has {prompt_tokens} tokens; this request was allowed {allowance} tokens in all under your "
             f"limits (prompt + completions), which leaves no room for its {choices} completion(s). Shorten the "
             f"{param} or ask for fewer completions.", status=400, code="token_allowance_exceeded", param=param)
-    return min(max_tokens, (allowance - prompt_tokens) // choices)
+    return min(max_tokens, (allowance - prompt_tokens) // choices) if choices else 0
 
 
 async def _merge(gens: list[AsyncIterator[RequestOutput]], usage: RequestUsage

@@ -4,8 +4,9 @@ As in vLLM without a tool-call parser: a named function (`tool_choice: {"type": 
 "function": {"name": ...}}`) constrains the answer to that function's `parameters` schema and
 returns it as the call's `arguments`; `required` constrains it to a JSON array of
 `{"name", "parameters"}` objects, one of the tools each (one item when `parallel_tool_calls` is
-false), returned as `tool_calls`. `auto` needs a parser for the model's own tool-call syntax,
-which this worker does not have: it is a 400 naming what works instead, not a silent plain answer.
+false), returned as `tool_calls`. `auto` (the default with tools) lets the model choose between
+text and calls in its own syntax, read back by the model's tool-call parser (tool_parsers/); by
+default the call, once opened, is held to a valid call of a given tool (tool_parsers/grammar.py).
 `none` (or no tools) answers in text; the tools still reach the chat template, as in vLLM.
 """
 
@@ -13,29 +14,41 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from dataplane.structured.params import StructuredOutputs
 from dataplane.worker.errors import invalid
+from dataplane.worker.tool_parsers import ToolParser, ToolSpec, call
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 
 
-@dataclass(frozen=True, slots=True)
-class Tool:
-    name: str
-    parameters: dict[str, Any]
+Tool = ToolSpec
 
 
 @dataclass(frozen=True, slots=True)
 class ToolMode:
-    kind: str  # "named" or "required"
+    kind: str  # "named", "required" or "auto"
     tools: tuple[Tool, ...]  # the one named, or every tool
     parallel: bool = True
+    parser: ToolParser | None = None  # auto: reads the model's calls out of its text
+    constrained: bool = True  # auto: a call, once opened, is held to the tools' schemas
 
-    def structured(self) -> StructuredOutputs:
+    @property
+    def by_name(self) -> dict[str, Tool]:
+        return {t.name: t for t in self.tools}
+
+    def structured(self) -> StructuredOutputs | None:
+        if self.kind == "auto":
+            assert self.parser is not None
+            if not self.constrained or not self.parser.constrainable:
+                return None
+            try:
+                grammar = self.parser.constraint(list(self.tools), self.parallel)
+            except ValueError as exc:
+                raise invalid(str(exc), str(exc).split(":", 1)[0]) from None
+            return StructuredOutputs(grammar=grammar, source="tools") if grammar else None
         if self.kind == "named":
             return StructuredOutputs(json=self.tools[0].parameters, source="tools")
         item = {"anyOf": [{"type": "object", "properties": {"name": {"const": t.name}, "parameters": t.parameters},
@@ -56,12 +69,10 @@ class ToolMode:
         return [call(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in items]
 
 
-def call(name: str, arguments: str) -> dict[str, Any]:
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def parse_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: bool | None) -> ToolMode | None:
-    """What `tools` and `tool_choice` ask for; None when the answer is plain text. 400s name the field."""
+def parse_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: bool | None,
+                parser: ToolParser | None = None, constrained: bool = True) -> ToolMode | None:
+    """What `tools` and `tool_choice` ask for; None when the answer is plain text. 400s name the field.
+    `parser`: this model's tool-call parser (None: the worker has none, so `auto` is refused)."""
     if not tools:
         if tool_choice not in (None, "none"):
             raise invalid("tool_choice: only allowed when tools are given", "tool_choice")
@@ -74,9 +85,13 @@ def parse_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: 
     if choice == "none":
         return None
     if choice == "auto":
-        raise invalid("tool_choice: 'auto' needs a parser for this model's own tool-call syntax, which this worker "
-                      "does not have; use tool_choice 'required' or name a function "
-                      "({\"type\": \"function\", \"function\": {\"name\": ...}})", "tool_choice", "unsupported_parameter")
+        if parser is None:
+            raise invalid("tool_choice: 'auto' (the default with tools) needs a tool-call parser for this model, and "
+                          "this worker has none (its tool_call_parser setting is 'none' or the model's template "
+                          "names no known syntax); use tool_choice 'required' or name a function "
+                          "({\"type\": \"function\", \"function\": {\"name\": ...}})", "tool_choice",
+                          "unsupported_parameter")
+        return ToolMode("auto", tuple(parsed), parallel_tool_calls is not False, parser, constrained)
     if choice == "required":
         return ToolMode("required", tuple(parsed), parallel_tool_calls is not False)
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):

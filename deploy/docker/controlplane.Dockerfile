@@ -3,8 +3,11 @@
 #   docker build -f deploy/docker/controlplane.Dockerfile -t tessera/controlplane .
 FROM python:3.11-slim
 
+# Static files (the admin's CSS/JS, Swagger UI and ReDoc) are collected into the image at build time,
+# outside /var/lib/tessera so that no volume mounted there hides them; WhiteNoise serves them.
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
-    DJANGO_SETTINGS_MODULE=controlplane.settings.production TESSERA_VAR_DIR=/var/lib/tessera
+    DJANGO_SETTINGS_MODULE=controlplane.settings.production TESSERA_VAR_DIR=/var/lib/tessera \
+    TESSERA_STATIC_ROOT=/app/static
 
 WORKDIR /app
 # The control plane never runs a model: point TORCH_INDEX_URL at a CPU-only torch wheel index to keep

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 from rest_framework import authentication, exceptions
 
+from controlplane.client_ip import client_ip
 from controlplane.errors import ApplicationError
-from tenants import auth
+from tenants import auth, auth_throttle
 from tenants.auth import KeyPrincipal
 
 
@@ -34,6 +35,10 @@ class TenantUser:
         return f"{self.principal.tenant_slug}/{self.principal.key_prefix}"
 
 
+def _principal(header: str) -> KeyPrincipal:
+    return auth.authenticate(auth.bearer_secret(header))
+
+
 class APIKeyAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
@@ -42,8 +47,12 @@ class APIKeyAuthentication(authentication.BaseAuthentication):
         if not header.lower().startswith("bearer "):
             return None  # let session/basic authentication try
         try:
-            principal = auth.authenticate(auth.bearer_secret(header))
+            # Failed keys are throttled per client address (tenants/auth_throttle.py): past the limit the
+            # ApplicationError is a 429, rendered in DRF's format by controlplane.errors.
+            principal = auth_throttle.guarded_sync(client_ip(request), header, _principal)
         except ApplicationError as exc:
+            if exc.status == 429:
+                raise
             if exc.status == 401:
                 raise exceptions.AuthenticationFailed(exc.message, code=exc.code) from None
             raise exceptions.PermissionDenied(exc.message, code=exc.code) from None

@@ -1,9 +1,22 @@
 """Limits that hold across gateway processes: reserve before the work, settle after, release on failure.
 
 Two backends with one contract (`Limiter`): Redis (one Lua script per call) when REDIS_URL is set,
-else the database (a row lock per tenant). See base.py for the shared types.
+else the database (a row lock per tenant). base.py holds the shared types, factory.py the choice.
 """
 
-from .base import Decision, Limiter, LimitPlan, Settlement, WindowState, get_limiter, period_start
+from .base import (
+    BudgetSeed,
+    Decision,
+    Limiter,
+    LimitPlan,
+    Settlement,
+    TenantLimits,
+    WindowState,
+    period_start,
+)
+from .factory import get_limiter, reset_limiter
 
-__all__ = ["Decision", "Limiter", "LimitPlan", "Settlement", "WindowState", "get_limiter", "period_start"]
+__all__ = [
+    "BudgetSeed", "Decision", "Limiter", "LimitPlan", "Settlement", "TenantLimits", "WindowState",
+    "get_limiter", "period_start", "reset_limiter",
+]

@@ -1,4 +1,4 @@
-"""Shared types of the limiters and the choice of backend.
+"""Shared types of the limiters (the choice of backend is in factory.py).
 
 Algorithm (both backends):
 - requests/min and tokens/min are token buckets (capacity = the limit, refilled continuously at
@@ -7,6 +7,10 @@ Algorithm (both backends):
   crashed gateway cannot leak a slot forever).
 - monthly token and spend budgets are counters per calendar month (UTC) that include in-flight
   reservations: a request is admitted under a hard budget only if used + reserved + its estimate fits.
+- the month's counter is created from a seed (`BudgetSeed`: the ledger's tokens and spend this month
+  plus the reservations of requests still in flight, from the usage journal): on a tenant's first
+  request of a month, and again after a Redis restart without persistence lost it, so a hard budget
+  stays hard across the restart and the month's usage the API reports stays right.
 - settle(actual) applies actual - reserved once (keyed by request id): refunds the token bucket and
   the monthly counters, or charges the excess. Release on failure is settle with actual = 0.
 Everything a decision reads and writes for one tenant happens atomically in one place.
@@ -17,12 +21,25 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 from decimal import Decimal
-from functools import lru_cache
 from typing import Protocol
 
-from django.conf import settings
 
-from ..selectors import TenantLimits
+@dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """A tenant's effective limits: its tier's, with the tenant's overrides applied. None = unlimited."""
+
+    tier: str  # tier name
+    priority: int  # scheduler priority handed to workers (lower runs first)
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    max_concurrent_requests: int | None
+    monthly_token_budget: int | None
+    monthly_spend_budget: Decimal | None
+    hard_budget: bool  # refuse when a monthly budget is exhausted (else serve and flag)
+    slo_ttft_p95_ms: int | None
+    slo_itl_p95_ms: int | None
+    slo_availability_pct: Decimal | None = None
+
 
 NANO = Decimal("1e9")  # spend is tracked in integer billionths of the currency unit
 
@@ -57,6 +74,14 @@ class LimitPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class BudgetSeed:
+    """What this month has already used: the ledger's rows plus the in-flight reservations."""
+
+    tokens: int = 0
+    spend_nano: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class WindowState:
     limit: int
     remaining: int
@@ -86,9 +111,9 @@ class Settlement:
 
 
 class Limiter(Protocol):
-    async def reserve(self, plan: LimitPlan, *, spend_seed_nano: int | None = None) -> Decision | None:
-        """Admit or refuse. None means: this month has no counter yet and a spend budget applies;
-        call again with `spend_seed_nano` (spend already recorded by billing this month)."""
+    async def reserve(self, plan: LimitPlan, *, seed: BudgetSeed | None = None) -> Decision | None:
+        """Admit or refuse. None means: this month has no counter for the tenant (yet, or any more); call
+        again with `seed` (what the ledger and the journal say was used)."""
 
     async def settle(self, settlement: Settlement) -> bool:
         """Apply actual - reserved; True the first time for a request id, False after."""
@@ -103,23 +128,3 @@ class Limiter(Protocol):
 def limit_or_unlimited(value: int | None) -> int:
     return -1 if value is None else int(value)
 
-
-@lru_cache(maxsize=1)
-def _limiter(kind: str, redis_url: str) -> Limiter:
-    if kind == "redis":
-        from .redis import RedisLimiter
-
-        return RedisLimiter(redis_url)
-    if kind == "database":
-        from .database import DatabaseLimiter
-
-        return DatabaseLimiter()
-    raise ValueError(f"TESSERA_LIMITER must be 'redis' or 'database', not {kind!r}")
-
-
-def get_limiter() -> Limiter:
-    return _limiter(settings.TESSERA_LIMITER, settings.REDIS_URL)
-
-
-def reset_limiter() -> None:
-    _limiter.cache_clear()

@@ -18,7 +18,16 @@ from django.utils import timezone
 from controlplane.asyncdb import db_call
 
 from ..models import BudgetPeriod, RateLimitState, Reservation
-from .base import Decision, LimitPlan, Settlement, WindowState, period_start, seconds_to_next_period, to_nano
+from .base import (
+    BudgetSeed,
+    Decision,
+    LimitPlan,
+    Settlement,
+    WindowState,
+    period_start,
+    seconds_to_next_period,
+    to_nano,
+)
 
 
 def _refill(state: RateLimitState, rpm: int | None, tpm: int | None, now: float) -> tuple[float, float]:
@@ -45,7 +54,7 @@ def _locked_state(tenant_id: int) -> RateLimitState:
     return RateLimitState.objects.select_for_update().get(tenant_id=tenant_id)
 
 
-def _reserve(plan: LimitPlan, spend_seed_nano: int | None) -> Decision | None:
+def _reserve(plan: LimitPlan, seed: BudgetSeed | None) -> Decision | None:
     lim = plan.limits
     rpm, tpm, conc = lim.requests_per_minute, lim.tokens_per_minute, lim.max_concurrent_requests
     with transaction.atomic():
@@ -70,10 +79,11 @@ def _reserve(plan: LimitPlan, spend_seed_nano: int | None) -> Decision | None:
         budget = BudgetPeriod.objects.filter(tenant_id=plan.tenant_id, period_start=period).first()
         spend_budget = lim.monthly_spend_budget
         if budget is None:
-            if spend_budget is not None and spend_seed_nano is None:
+            if seed is None:
                 return None
             budget = BudgetPeriod.objects.create(
-                tenant_id=plan.tenant_id, period_start=period, spend_nano=max(0, spend_seed_nano or 0)
+                tenant_id=plan.tenant_id, period_start=period, tokens=max(0, seed.tokens),
+                spend_nano=max(0, seed.spend_nano),
             )
         soft = False
         if lim.monthly_token_budget is not None and budget.tokens + plan.tokens > lim.monthly_token_budget:
@@ -132,8 +142,8 @@ def _usage(tenant_id: int, period: dt.date) -> tuple[int, int]:
 
 
 class DatabaseLimiter:
-    async def reserve(self, plan: LimitPlan, *, spend_seed_nano: int | None = None) -> Decision | None:
-        return await db_call(_reserve, plan, spend_seed_nano)
+    async def reserve(self, plan: LimitPlan, *, seed: BudgetSeed | None = None) -> Decision | None:
+        return await db_call(_reserve, plan, seed)
 
     async def settle(self, settlement: Settlement) -> bool:
         return await db_call(_settle, settlement)

@@ -3,7 +3,8 @@
 Keys per tenant share the hash tag {t:<id>} (cluster-safe):
   tsr:{t:ID}:b       hash  r (request allowance), t (token allowance), ts (last refill, Redis TIME)
   tsr:{t:ID}:inf     zset  in-flight request ids, scored by expiry (concurrency)
-  tsr:{t:ID}:m:YYYYMM hash tok, sp (this month's tokens and spend in nano units, reservations included)
+  tsr:{t:ID}:m:YYYYMM hash tok, sp (this month's tokens and spend in nano units, reservations included);
+                     created from a BudgetSeed when missing (a new month, or a Redis restart lost it)
   tsr:{t:ID}:r:RID   string, the reservation marker: settle applies only if it deletes this key
 """
 
@@ -17,6 +18,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 from .base import (
+    BudgetSeed,
     Decision,
     LimitPlan,
     Settlement,
@@ -50,6 +52,7 @@ local rpm, tpm, conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local tok_budget, sp_budget, hard = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
 local need_tok, need_sp = tonumber(ARGV[8]), tonumber(ARGV[9])
 local resv_ttl, seed, period_ttl = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local tok_seed = tonumber(ARGV[13])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
 local r, t = refill(redis.call('HMGET', KEYS[1], 'r', 't', 'ts'), rpm, tpm, now)
@@ -66,8 +69,8 @@ if conc >= 0 and redis.call('ZCARD', KEYS[2]) >= conc then return answer(3, 1000
 
 local soft = 0
 if redis.call('EXISTS', KEYS[3]) == 0 then
-  if sp_budget >= 0 and seed < 0 then return {-1} end
-  redis.call('HSET', KEYS[3], 'tok', 0, 'sp', math.max(seed, 0))
+  if seed < 0 then return {-1} end
+  redis.call('HSET', KEYS[3], 'tok', math.max(tok_seed, 0), 'sp', math.max(seed, 0))
   redis.call('EXPIRE', KEYS[3], period_ttl)
 end
 local used = redis.call('HMGET', KEYS[3], 'tok', 'sp')
@@ -146,7 +149,7 @@ class RedisLimiter:
         self.client()
         return self._clients[asyncio.get_running_loop()]
 
-    async def reserve(self, plan: LimitPlan, *, spend_seed_nano: int | None = None) -> Decision | None:
+    async def reserve(self, plan: LimitPlan, *, seed: BudgetSeed | None = None) -> Decision | None:
         lim = plan.limits
         _, reserve, _ = self._scripts()
         period = period_start()
@@ -163,8 +166,9 @@ class RedisLimiter:
             plan.tokens,
             plan.spend_nano,
             settings.TESSERA_RESERVATION_TTL_SECONDS,
-            -1 if spend_seed_nano is None else spend_seed_nano,
+            -1 if seed is None else max(0, seed.spend_nano),
             PERIOD_TTL,
+            0 if seed is None else seed.tokens,
         ]
         out = await reserve(keys=_keys(plan.tenant_id, plan.request_id, period), args=args)
         code = int(out[0])

@@ -50,7 +50,7 @@ def gateway(settings, workers, transactional_db, _settle_accounting):
     from controlplane.gateway import accounting
     from controlplane.gateway import workers as registry_module
     from tenants import auth
-    from tenants.limits.base import reset_limiter
+    from tenants.limits import reset_limiter
 
     from . import sink
 
@@ -71,7 +71,7 @@ def gateway(settings, workers, transactional_db, _settle_accounting):
 
 @pytest.fixture
 def use_redis_limiter(gateway, redis_url):
-    from tenants.limits.base import reset_limiter
+    from tenants.limits import reset_limiter
 
     gateway.TESSERA_LIMITER = "redis"
     gateway.REDIS_URL = redis_url
@@ -144,3 +144,31 @@ def serving_gateway(settings, worker):
         yield f"http://127.0.0.1:{port}"
     finally:
         server.stop()
+
+
+@pytest.fixture
+def database_switch():
+    """`.away()` points every thread's next database connection at a port nobody listens on (a database
+    that is down, as its clients see it); `.back()` undoes it, as does the end of the test."""
+    from django.db import connections
+
+    from tests.dataplane.worker.process import free_port
+
+    if connections["default"].vendor != "postgresql":
+        pytest.skip("a network database")
+    settings_dict = connections.settings["default"]
+    port = settings_dict["PORT"]
+
+    class Switch:
+        @staticmethod
+        def away() -> None:
+            connections.close_all()
+            settings_dict["PORT"] = str(free_port())
+
+        @staticmethod
+        def back() -> None:
+            settings_dict["PORT"] = port
+
+    yield Switch
+    connections.close_all()
+    settings_dict["PORT"] = port

@@ -55,7 +55,7 @@ class ThrowawayRedis:
 def blinking_redis(gateway):
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
-    from tenants.limits.base import reset_limiter
+    from tenants.limits import reset_limiter
 
     server = ThrowawayRedis()
     server.start()
@@ -188,3 +188,38 @@ def test_a_settlement_redis_missed_is_made_by_the_sweeper(blinking_redis, live_g
     again = httpx.post(f"{live_gateway}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {secret}"},
                        timeout=10)
     assert again.status_code == 200  # the only concurrency seat was given back
+
+
+def test_a_redis_restart_without_persistence_keeps_a_hard_token_budget(blinking_redis, live_gateway, tenant_key, gateway):
+    """Redis restarted empty (no persistence) lost the month's token counter: before the fix the counter
+    started again at 0 and a tenant whose hard budget was spent was served again. Now it is seeded from
+    the ledger (and the journal's in-flight reservations): refused as before the restart."""
+    from billing.models import UsageRecord
+    from tenants.limits import get_limiter, period_start
+
+    gateway.TESSERA_USAGE_SINK = "billing.services.usage_record_ingest"  # the real ledger: the seed reads it
+    tenant, secret = tenant_key.sync(monthly_token_budget=400, budget_enforcement="hard")
+    headers = {"Authorization": f"Bearer {secret}"}
+
+    def call() -> httpx.Response:
+        return httpx.post(f"{live_gateway}/v1/chat/completions", json=BODY, headers=headers, timeout=10)
+
+    statuses = []
+    while len(statuses) < 100 and (not statuses or statuses[-1] == 200):
+        statuses.append(call().status_code)
+        time.sleep(0.05)  # lets each settlement land, so the counter holds usage, not reservations
+    served = statuses.count(200)
+    assert statuses[-1] == 429 and served >= 3, statuses
+    wait_for(lambda: UsageRecord.objects.filter(tenant=tenant).count() == served, timeout=20)
+    used = sum(r.prompt_tokens + r.completion_tokens for r in UsageRecord.objects.filter(tenant=tenant))
+    assert used <= 400
+
+    blinking_redis.stop()
+    blinking_redis.start()  # empty: no counter for this month any more
+    after = [call() for _ in range(6)]
+    # The first call may meet a pooled connection the restart broke: a 503, which the client retries.
+    after = after[1:] if after[0].status_code == 503 else after
+    assert {r.status_code for r in after} == {429}, [r.text for r in after]
+    assert all("budget" in r.json()["error"]["message"] for r in after), [r.text for r in after]
+    assert get_limiter().usage_sync(tenant_id=tenant.pk, period=period_start())[0] == used  # re-seeded
+    assert UsageRecord.objects.filter(tenant=tenant).count() == served

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from asgiref.sync import sync_to_async
 
-from controlplane.gateway import journal, sweeper
+from controlplane.gateway import journal, sweeper, usage_writer
 from controlplane.gateway.models import InflightRequest
 
 from . import sink
@@ -103,14 +103,16 @@ def test_the_reservation_is_the_workers_allowance_and_the_journal_holds_the_requ
 
 
 async def test_no_journal_no_service(gateway, tenant_key, workers, monkeypatch, drain):
-    """A request whose usage could not be made crash-safe is refused (503), never sent to a worker."""
-    from django.db import OperationalError
+    """A request whose usage could not be made crash-safe (neither the database nor the local spool took
+    its journal row) is refused (503), never sent to a worker."""
     from django.test import AsyncClient
 
-    async def down(admission):
-        raise OperationalError("the database is gone")
+    from controlplane.gateway.spool import SpoolFull
 
-    monkeypatch.setattr(journal, "admit", down)
+    async def down(admission):
+        raise SpoolFull(28, "usage spool is full")
+
+    monkeypatch.setattr(usage_writer, "admit", down)
     _, secret = await tenant_key(max_concurrent_requests=1)
     response = await AsyncClient().post("/v1/chat/completions", data={**CHAT, "max_tokens": 3},
                                         content_type="application/json", headers={"Authorization": f"Bearer {secret}"})
@@ -129,13 +131,16 @@ async def test_no_journal_no_service(gateway, tenant_key, workers, monkeypatch, 
 
 async def orphan(tenant, worker_url: str, request_id: str, reserved: int = 60):
     """What a gateway killed mid-request leaves: a reservation in the limiter and a journal row."""
-    from tenants.limits import LimitPlan, get_limiter, period_start
+    from tenants.limits import BudgetSeed, LimitPlan, get_limiter, period_start
     from tenants.selectors import tenant_limits
 
     limits = await sync_to_async(lambda: tenant_limits(tenant=type(tenant).objects.select_related("tier").get(pk=tenant.pk)))()
-    decision = await get_limiter().reserve(LimitPlan(tenant.pk, request_id, limits, reserved, 0))
+    plan = LimitPlan(tenant.pk, request_id, limits, reserved, 0)
+    decision = await get_limiter().reserve(plan)
+    if decision is None:  # a budget and no counter yet this month
+        decision = await get_limiter().reserve(plan, seed=BudgetSeed())
     assert decision.allowed
-    await journal.admit(journal.Admission(
+    await usage_writer.admit(journal.Admission(
         request_id=request_id, tenant_id=tenant.pk, api_key_id=None, model="fake-model", adapter=None,
         tier=limits.tier, prompt_estimate=10, reserved_tokens=reserved, reserved_spend_nano=0,
         period_start=period_start(), worker_url=worker_url, created_at=dt.datetime.now(dt.UTC)))

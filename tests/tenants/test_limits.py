@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 
-from tenants.limits import LimitPlan, Settlement, period_start
+from tenants.limits import BudgetSeed, LimitPlan, Settlement, period_start
 from tenants.limits.base import to_nano
 from tenants.selectors import TenantLimits
 
@@ -29,17 +29,32 @@ def limiter(request, settings, redis_url):
         from tenants.limits.redis import RedisLimiter
 
         settings.TESSERA_REDIS_PREFIX = f"tsrtest-{uuid.uuid4().hex[:10]}"
-        return RedisLimiter(redis_url)
+        return AutoSeeded(RedisLimiter(redis_url))
     from tenants.limits.database import DatabaseLimiter
 
-    return DatabaseLimiter()
+    return AutoSeeded(DatabaseLimiter())
+
+
+class AutoSeeded:
+    """The limiter as the gateway drives it: a missing month counter is created from a seed (here:
+    nothing used yet). `.raw` is the limiter itself, for the tests of the seed protocol."""
+
+    def __init__(self, raw) -> None:
+        self.raw = raw
+
+    async def reserve(self, p: LimitPlan, *, seed: BudgetSeed | None = None):
+        decision = await self.raw.reserve(p, seed=seed)
+        return decision if decision is not None or seed is not None else await self.raw.reserve(p, seed=BudgetSeed())
+
+    def __getattr__(self, name):
+        return getattr(self.raw, name)
 
 
 @pytest.fixture
 def tenant_id(request, limiter) -> int:
     from tenants.limits.redis import RedisLimiter
 
-    if isinstance(limiter, RedisLimiter):
+    if isinstance(limiter.raw, RedisLimiter):
         return 1_000_000 + uuid.uuid4().int % 1_000_000
     return request.getfixturevalue("make_tenant")().pk
 
@@ -95,7 +110,7 @@ async def test_concurrency_slots_return_on_settle(limiter, tenant_id):
 async def test_settle_applies_once(limiter, tenant_id):
     limits = replace(UNLIMITED, monthly_token_budget=10_000)
     p = plan(tenant_id, limits, tokens=500)
-    await limiter.reserve(p)
+    await limiter.reserve(p, seed=BudgetSeed())
     assert await limiter.usage(tenant_id=tenant_id, period=period_start()) == (500, 0)
     assert await limiter.settle(settlement(p, actual_tokens=120)) is True
     assert await limiter.settle(settlement(p, actual_tokens=120)) is False
@@ -104,7 +119,9 @@ async def test_settle_applies_once(limiter, tenant_id):
 
 async def test_fifty_concurrent_against_a_budget_for_ten(limiter, tenant_id):
     limits = replace(UNLIMITED, monthly_token_budget=10 * 100)
-    decisions = await asyncio.gather(*(limiter.reserve(plan(tenant_id, limits, tokens=100)) for _ in range(50)))
+    assert await limiter.raw.reserve(plan(tenant_id, limits, tokens=100)) is None  # no counter yet: asks for a seed
+    decisions = await asyncio.gather(*(limiter.reserve(plan(tenant_id, limits, tokens=100), seed=BudgetSeed())
+                                       for _ in range(50)))
     assert sum(d.allowed for d in decisions) == 10
     assert {d.reason for d in decisions if not d.allowed} == {"token_budget"}
     assert all(d.retry_after >= 1 for d in decisions if not d.allowed)
@@ -113,7 +130,7 @@ async def test_fifty_concurrent_against_a_budget_for_ten(limiter, tenant_id):
 
 async def test_soft_budget_admits_and_flags(limiter, tenant_id):
     limits = replace(UNLIMITED, monthly_token_budget=100, hard_budget=False)
-    assert not (await limiter.reserve(plan(tenant_id, limits, tokens=100))).over_soft_budget
+    assert not (await limiter.reserve(plan(tenant_id, limits, tokens=100), seed=BudgetSeed())).over_soft_budget
     decision = await limiter.reserve(plan(tenant_id, limits, tokens=100))
     assert decision.allowed and decision.over_soft_budget
 
@@ -121,10 +138,22 @@ async def test_soft_budget_admits_and_flags(limiter, tenant_id):
 async def test_spend_budget_is_seeded_from_billing_then_enforced(limiter, tenant_id):
     limits = replace(UNLIMITED, monthly_spend_budget=Decimal("1.00"))
     p = plan(tenant_id, limits, spend_nano=to_nano(Decimal("0.30")))
-    assert await limiter.reserve(p) is None  # no counter this month: asks for the ledger's figure
-    assert (await limiter.reserve(p, spend_seed_nano=to_nano(Decimal("0.50")))).allowed
+    assert await limiter.raw.reserve(p) is None  # no counter this month: asks for the ledger's figure
+    assert (await limiter.reserve(p, seed=BudgetSeed(tokens=7, spend_nano=to_nano(Decimal("0.50"))))).allowed
     refused = await limiter.reserve(plan(tenant_id, limits, spend_nano=to_nano(Decimal("0.30"))))
     assert not refused.allowed and refused.reason == "spend_budget"
     await limiter.settle(settlement(p, actual_tokens=5, actual_spend_nano=to_nano(Decimal("0.10"))))
     assert (await limiter.reserve(plan(tenant_id, limits, spend_nano=to_nano(Decimal("0.30"))))).allowed
-    assert await limiter.usage(tenant_id=tenant_id, period=period_start()) == (15, to_nano(Decimal("0.90")))
+    assert await limiter.usage(tenant_id=tenant_id, period=period_start()) == (22, to_nano(Decimal("0.90")))
+
+
+async def test_a_lost_token_counter_is_seeded_from_what_was_used(limiter, tenant_id):
+    """A Redis restart without persistence loses the month's counter: the limiter asks for a seed again
+    (the ledger's tokens plus in-flight reservations), so a hard token budget stays hard."""
+    assert await limiter.raw.reserve(plan(tenant_id, UNLIMITED, tokens=5)) is None  # any tenant: the counter is its usage
+    limits = replace(UNLIMITED, monthly_token_budget=1000)
+    assert await limiter.raw.reserve(plan(tenant_id, limits, tokens=100)) is None
+    refused = await limiter.reserve(plan(tenant_id, limits, tokens=100), seed=BudgetSeed(tokens=950))
+    assert not refused.allowed and refused.reason == "token_budget"
+    assert (await limiter.raw.reserve(plan(tenant_id, limits, tokens=50))).allowed  # the counter exists now
+    assert await limiter.usage(tenant_id=tenant_id, period=period_start()) == (1000, 0)

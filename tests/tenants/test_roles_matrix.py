@@ -93,6 +93,11 @@ MATRIX: dict[tuple[str, str], tuple[str, ...]] = {
     ("deployments-api:tenant-adapters", "post"): OP_400,
     ("deployments-api:tenant-adapter-detail", "get"): OP,
     ("deployments-api:tenant-adapter-detail", "delete"): OP,
+    # audit log: a key reads its own tenant's events; operators and finance any tenant's, and export
+    ("audit-api:events", "get"): KEY,
+    ("audit-api:tenant-events", "get"): FIN,
+    ("audit-api:export-csv", "get"): FIN,
+    ("audit-api:export-jsonl", "get"): FIN,
     # the OpenAPI schema and its docs describe the API and hold no data: public
     ("schema", "get"): PUBLIC,
     ("api-docs", "get"): PUBLIC,

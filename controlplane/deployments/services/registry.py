@@ -7,6 +7,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError
 
+from controlplane import audit
 from controlplane.errors import ApplicationError
 
 from .. import adapter_store, dispatch
@@ -25,7 +26,9 @@ from ..models import name_validator as _name_validator
 
 PLACEMENT_KEYS = {"accelerator", "min_memory_gib", "labels", "workers"}
 ENGINE_ARGS = {"dtype", "weight_dtype", "kv_cache_memory", "block_size", "max_model_len", "max_num_seqs",
-               "max_num_batched_tokens", "enable_prefix_caching", "seed", "max_waiting", "max_loras", "max_lora_rank"}
+               "max_num_batched_tokens", "enable_prefix_caching", "seed", "max_waiting", "max_loras", "max_lora_rank",
+               "tool_call_parser"}
+TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3_json", "pythonic")  # the worker's tool_call_parser
 MODEL_FIELDS = {"source", "architecture", "context_length", "quantizations", "quantized_sources", "description"}
 
 
@@ -76,6 +79,8 @@ def _check_engine_args(engine_args: Any) -> dict:
     unknown = set(engine_args) - ENGINE_ARGS
     if unknown:
         raise _invalid(f"engine_args: unknown keys {sorted(unknown)} (use {sorted(ENGINE_ARGS)}).", "engine_args")
+    if "tool_call_parser" in engine_args and engine_args["tool_call_parser"] not in TOOL_CALL_PARSERS:
+        raise _invalid(f"engine_args.tool_call_parser: one of {list(TOOL_CALL_PARSERS)}.", "engine_args")
     return engine_args
 
 
@@ -90,7 +95,9 @@ def model_create(*, name: str, source: str = "", architecture: str = "llama", co
               "quantized_sources": quantized_sources or {}, "description": description}
     try:
         with transaction.atomic():
-            return Model.objects.create(name=name, **fields)
+            model = Model.objects.create(name=name, **fields)
+            audit.record("model.create", model)
+            return model
     except IntegrityError:
         raise ApplicationError(f"Model {name!r} already exists.", code="model_exists", status=409) from None
 
@@ -101,7 +108,7 @@ def model_update(*, model: Model, **fields) -> Model:
         raise _invalid(f"Unknown model fields: {sorted(unknown)}.", sorted(unknown)[0], "invalid_field")
     if "quantizations" in fields:
         fields["quantizations"] = _check_quantizations(fields["quantizations"])
-    with transaction.atomic():
+    with transaction.atomic(), audit.change("model.update", model):
         for key, value in fields.items():
             setattr(model, key, value)
         model.save()
@@ -112,7 +119,7 @@ def model_update(*, model: Model, **fields) -> Model:
 
 def model_delete(*, model: Model) -> None:
     try:
-        with transaction.atomic():
+        with transaction.atomic(), audit.change("model.delete", model):
             model.delete()
     except ProtectedError:
         raise ApplicationError(f"Model {model.name!r} still has deployments or adapters.", code="model_in_use",
@@ -141,6 +148,7 @@ def deployment_create(*, model: Model, replicas: int = 1, quantization: str = "b
                 name=name, model=model, quantization=quantization, desired_replicas=replicas, served_name=served_name,
                 placement=_check_placement(placement or {}), engine_args=_check_engine_args(engine_args or {}),
                 max_adapters=max_adapters)
+            audit.record("deployment.create", deployment)
             dispatch.reconcile_soon()
     except IntegrityError:
         raise ApplicationError(f"Deployment {name!r} already exists.", code="deployment_exists", status=409) from None
@@ -152,7 +160,7 @@ def deployment_update(*, deployment: Deployment, replicas: int | None = None, pl
     """Scale or reconfigure. A changed spec gives failed replicas a fresh start."""
     if replicas is not None and replicas < 0:
         raise _invalid("replicas: must be >= 0.", "replicas")
-    with transaction.atomic():
+    with transaction.atomic(), audit.change("deployment.update", deployment):
         deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
         if deployment.deleting:
             raise ApplicationError(f"Deployment {deployment.name!r} is being deleted.", code="deployment_deleting",
@@ -190,7 +198,7 @@ def deployment_apply(*, model: Model, replicas: int, quantization: str = "bf16",
 
 def deployment_delete(*, deployment: Deployment) -> None:
     """Scale to zero; the reconciler unloads the replicas and then removes the deployment."""
-    with transaction.atomic():
+    with transaction.atomic(), audit.change("deployment.delete", deployment):
         Deployment.objects.filter(pk=deployment.pk).update(deleting=True, desired_replicas=0)
         dispatch.reconcile_soon()
 
@@ -234,6 +242,7 @@ def adapter_create(*, tenant, name: str, base_model: Model, source: str, rank: i
                                        "first.", code="adapter_limit_reached", status=409)
             adapter = Adapter.objects.create(tenant=tenant, name=name, served_name=f"{tenant.slug}:{name}",
                                              base_model=base_model, source=source, rank=rank)
+            audit.record("adapter.create", adapter)
             dispatch.reconcile_soon()
     except IntegrityError:
         raise ApplicationError(f"Adapter {name!r} already exists.", code="adapter_exists", status=409) from None
@@ -242,7 +251,7 @@ def adapter_create(*, tenant, name: str, base_model: Model, source: str, rank: i
 
 def adapter_delete(*, adapter: Adapter) -> None:
     """Unload everywhere, then remove (at once when nothing is loaded)."""
-    with transaction.atomic():
+    with transaction.atomic(), audit.change("adapter.delete", adapter):
         adapter = Adapter.objects.select_for_update().get(pk=adapter.pk)
         active = adapter.placements.filter(status__in=[PlacementStatus.LOADING, PlacementStatus.READY,
                                                        PlacementStatus.STOPPING])

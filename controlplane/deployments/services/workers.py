@@ -8,6 +8,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane import audit
 from controlplane.errors import ApplicationError
 
 from .. import dispatch
@@ -76,8 +77,9 @@ def _url_holder(name: str, url: str, now) -> Worker | None:
 
 def worker_release(*, worker: Worker, reason: str) -> Worker:
     """End a registration (its worker stopping cleanly, or an operator): the name is free for a new boot."""
-    worker = worker_mark_dead(worker=worker, reason=reason)
-    Worker.objects.filter(pk=worker.pk).update(boot_id="")
+    with audit.change("worker.release", worker, fields=["status", "boot_id"]):
+        worker = worker_mark_dead(worker=worker, reason=reason)
+        Worker.objects.filter(pk=worker.pk).update(boot_id="")
     worker.refresh_from_db()
     log.warning("worker registration released", extra={"worker": worker.name, "reason": reason})
     return worker
@@ -128,7 +130,8 @@ def _sync_slot(worker: Worker, slot: dict) -> None:
 
 def worker_cordon(*, worker: Worker, cordoned: bool = True) -> Worker:
     """Operator drain: no new replicas here; the reconciler moves the existing ones (make before break)."""
-    with transaction.atomic():
+    action = "worker.cordon" if cordoned else "worker.uncordon"
+    with transaction.atomic(), audit.change(action, worker, fields=["cordoned"]):
         Worker.objects.filter(pk=worker.pk).update(cordoned=cordoned)
         dispatch.reconcile_soon()
     worker.refresh_from_db()

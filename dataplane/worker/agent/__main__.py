@@ -14,10 +14,11 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from dataplane.worker.app import WorkerState, create_app
+from dataplane.worker.app import create_app
 from dataplane.worker.config import load_config
+from dataplane.worker.http_server import GRACEFUL_SHUTDOWN_SECONDS, KEEP_ALIVE_SECONDS, WorkerServer
 from dataplane.worker.logs import setup_logging
-from dataplane.worker.server import GRACEFUL_SHUTDOWN_SECONDS, KEEP_ALIVE_SECONDS, WorkerServer
+from dataplane.worker.state import WorkerState
 
 from .agent import Agent
 from .settings import AgentSettings

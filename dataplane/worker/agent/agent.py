@@ -32,6 +32,7 @@ from .settings import AgentSettings
 from .slot import EngineSlot
 
 log = logging.getLogger("tessera.worker.agent")
+RESTART_CONSUMER_SECONDS = 2.0
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
 
 
@@ -60,6 +61,7 @@ class Agent:
         self._consumer: _Consumer | None = None
         self._threads: list[threading.Thread] = []
         self.heartbeat_seconds = settings.heartbeat_seconds
+        self._heartbeat_outage = _OutageLog()
 
     # --- the worker's hooks -----------------------------------------------------------------------
     def install(self) -> None:
@@ -80,6 +82,7 @@ class Agent:
             task_acks_late=True, worker_prefetch_multiplier=1, worker_enable_remote_control=False,
             worker_send_task_events=False, task_default_queue=self.settings.queue, worker_hijack_root_logger=False,
             broker_connection_retry_on_startup=True, accept_content=["json"], task_serializer="json",
+            broker_connection_max_retries=None,  # never give up on the broker (Celery's default: 100 tries, then stop)
             # A load can take minutes: do not let a lost connection cancel it (acks_late redelivers anyway).
             worker_cancel_long_running_tasks_on_connection_loss=False,
         )
@@ -110,14 +113,25 @@ class Agent:
         self._threads.append(thread)
 
     def _consume(self) -> None:
-        self._consumer = _Consumer(
-            app=tasks.app, hostname=f"agent@{self.settings.worker_id}", pool_cls="threads", concurrency=1,
-            queues=[self.settings.queue], without_mingle=True, without_gossip=True, without_heartbeat=True,
-            ready=self.consumer_ready)
-        try:
-            self._consumer.start()
-        except Exception:  # noqa: BLE001 - the heartbeat keeps saying `starting`; the control plane sees it
-            log.exception("task consumer stopped")
+        while True:
+            self._consumer = _Consumer(
+                app=tasks.app, hostname=f"agent@{self.settings.worker_id}", pool_cls="threads", concurrency=1,
+                queues=[self.settings.queue], without_mingle=True, without_gossip=True, without_heartbeat=True,
+                ready=self.consumer_ready)
+            try:
+                self._consumer.start()
+            except Exception:  # noqa: BLE001 - the heartbeat says `starting` until a new consumer is ready
+                log.exception("task consumer stopped")
+            if self._stop.is_set() or self.state.drainer.draining:
+                return
+            # Stopped by itself: Celery ends its consumer on an "unrecoverable" error, e.g. kombu's Redis
+            # transport when the broker drops while a message is unacknowledged. Without a new one this
+            # worker would heartbeat `ready` and never take another task.
+            self.consumer_ready.clear()
+            log.warning("task consumer stopped by itself; starting a new one", extra={"queue": self.settings.queue})
+            self._stop.wait(RESTART_CONSUMER_SECONDS)
+            if self._stop.is_set():
+                return
 
     def _stop_consumer(self) -> None:
         consumer = self._consumer
@@ -136,10 +150,11 @@ class Agent:
                     self._register()
                 answer = self.client.heartbeat(self._heartbeat_body())
                 self.heartbeat_seconds = float(answer.get("heartbeat_seconds") or self.heartbeat_seconds)
+                self._heartbeat_outage.succeeded()
             except NotRegistered:
                 self.registered = False  # register again on the next beat
             except (ControlPlaneUnavailable, ControlPlaneRejected) as exc:
-                log.warning("heartbeat failed", extra={"error": str(exc)})
+                self._heartbeat_outage.failed(exc)
             except Exception:  # noqa: BLE001 - never let the heartbeat thread die
                 log.exception("heartbeat failed")
             if self.state.drainer.draining and not draining_seen:
@@ -173,6 +188,35 @@ class Agent:
             "stats": {**self.slot.counters, "tasks": dict(self.runner.received), "inflight": self.state.drainer.inflight,
                       "max_num_seqs": _seats(engine), "at": time.time()},
         }
+
+
+class _OutageLog:
+    """Heartbeats that fail while the control plane is away: one line when they start failing, one a
+    minute, one when they get through again (not one per beat: a few seconds of outage was a page of log)."""
+
+    every = 60.0
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.last_line = 0.0
+        self.failures = 0
+
+    def failed(self, exc: Exception) -> None:
+        now = time.monotonic()
+        self.failures += 1
+        if self.since is None:
+            self.since = self.last_line = now
+            log.warning("heartbeat failed; the control plane is unavailable", extra={"error": str(exc)})
+        elif now - self.last_line >= self.every:
+            self.last_line = now
+            log.warning("heartbeats still failing", extra={"error": str(exc), "failures": self.failures,
+                                                           "seconds": round(now - self.since, 1)})
+
+    def succeeded(self) -> None:
+        if self.since is not None:
+            log.warning("heartbeats delivered again", extra={"failures": self.failures,
+                                                             "seconds": round(time.monotonic() - self.since, 1)})
+            self.since, self.failures = None, 0
 
 
 def _seats(engine) -> int:  # noqa: ANN001

@@ -69,6 +69,8 @@ class EngineSlot:
     def __init__(self, state: WorkerState, *, unload_grace_seconds: float = 30.0,
                  model_cache: Path | None = None, adapter_root: str = "") -> None:
         self.state = state
+        # The worker flag (engine_args override it); a state without a config (a test's stand-in) means auto.
+        self.default_tool_call_parser = getattr(getattr(state, "config", None), "tool_call_parser", "auto")
         self.adapter_root = adapter_root
         self.unload_grace_seconds = unload_grace_seconds
         self.model_cache = model_cache or Path("~/.cache/tessera/models").expanduser()
@@ -115,7 +117,8 @@ class EngineSlot:
                 source = self.resolve_source(spec["model"]["source"])
                 gate = self.quality_gate(spec, source)
                 engine = self._build(source, spec)
-                self._call_on_loop(self._attach, engine, source, spec["served_name"])
+                self._call_on_loop(self._attach, engine, source, spec["served_name"],
+                                   (spec.get("engine_args") or {}).get("tool_call_parser"))
                 self.loaded = Loaded(spec["uid"], spec["attempt"], spec["served_name"], source, fp,
                                      round(time.monotonic() - started, 3), gate)
                 log.info("model loaded", extra={"replica_uid": spec["uid"], "served_name": spec["served_name"],
@@ -324,9 +327,10 @@ class EngineSlot:
             return asyncio.run_coroutine_threadsafe(result, self.loop).result()
         return asyncio.run(result)
 
-    def _attach(self, engine, source: str, served_name: str) -> None:
+    def _attach(self, engine, source: str, served_name: str, tool_call_parser: str | None = None) -> None:
         state = self.state
         state.config.model, state.config.served_model_name = source, served_name
+        state.config.tool_call_parser = tool_call_parser or self.default_tool_call_parser
         state.metrics = WorkerMetrics(served_name, lambda: state.engine.latest_stats if state.engine else None)
         state.load_error = None
         state.attach(engine)

@@ -79,14 +79,18 @@ def test_beat_schedules_the_reconciler_and_billing_sweepers():
     from django.conf import settings
 
     import billing.tasks  # noqa: F401  (registers the billing tasks)
+    import controlplane.audit.tasks  # noqa: F401  (the audit log's retention prune)
+    import controlplane.batches.tasks  # noqa: F401  (resumes batches whose runner died)
     import controlplane.deployments.tasks  # noqa: F401
     import controlplane.gateway.tasks  # noqa: F401  (the usage sweeper)
     from controlplane.celery import app
 
     schedule = {entry["task"]: entry["schedule"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
     assert set(schedule) == {"deployments.reconcile", "billing.stripe_report_pending", "billing.stripe_sync_pending",
-                             "billing.usage_daily_rollup", "billing.invoices_build_month", "gateway.usage_sweep"}
-    assert schedule["gateway.usage_sweep"] == 60
+                             "billing.usage_daily_rollup", "billing.invoices_build_month", "gateway.usage_sweep",
+                             "audit.prune", "batches.resume", "gateway.responses_prune"}
+    assert schedule["gateway.usage_sweep"] == schedule["batches.resume"] == 60
+    assert schedule["gateway.responses_prune"] == 3600
     assert schedule["billing.stripe_report_pending"] == schedule["billing.stripe_sync_pending"] == 60
     assert schedule["billing.usage_daily_rollup"] == 900 and schedule["deployments.reconcile"] <= 10
     monthly = schedule["billing.invoices_build_month"]

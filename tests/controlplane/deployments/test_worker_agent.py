@@ -68,7 +68,7 @@ def spec(replica_id=1, attempt=1, source="smollm2-135m-instruct", status="loadin
 
 @pytest.fixture
 def agent(monkeypatch):
-    monkeypatch.setattr("dataplane.worker.app.Serving", lambda engine, config, *rest: types.SimpleNamespace(
+    monkeypatch.setattr("dataplane.worker.state.Serving", lambda engine, config, *rest: types.SimpleNamespace(
         engine=engine, config=config))  # the HTTP layer is not under test here
     state = WorkerState(WorkerConfig(model="unassigned"))
     slot = EngineSlot(state, unload_grace_seconds=0.1)

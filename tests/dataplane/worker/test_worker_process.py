@@ -168,9 +168,9 @@ def test_tool_calls_through_the_openai_client(client):
         {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": '{"temperature": 18}'}])
     assert follow.choices[0].message.content and not follow.choices[0].message.tool_calls
 
-    with pytest.raises(openai.BadRequestError) as auto:
-        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, tools=[WEATHER])
-    assert auto.value.code == "unsupported_parameter" and auto.value.body["param"] == "tool_choice"
+    # No tool_choice: 'auto', read by the hermes parser this ChatML model gets (tests/dataplane/worker/test_tool_*).
+    auto = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, tools=[WEATHER])
+    assert auto.choices[0].message.content or auto.choices[0].message.tool_calls
 
 
 def test_logit_bias_through_the_openai_client(client):

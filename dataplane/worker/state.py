@@ -1,0 +1,73 @@
+"""What the worker's routes share: the engine once loaded, metrics, usage memory, the drainer.
+
+Its own module so that the routes (app.py, adapters.py), the server and the agent all depend on it
+and it on none of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from collections.abc import Callable
+
+from dataplane.engine.async_llm import AsyncLLM
+from dataplane.worker import adapters
+from dataplane.worker.config import WorkerConfig
+from dataplane.worker.drain import Drainer
+from dataplane.worker.metrics import WorkerMetrics
+from dataplane.worker.serving import Serving
+from dataplane.worker.usage_memory import UsageMemory
+
+log = logging.getLogger("tessera.worker")
+
+
+class WorkerState:
+    """What the routes share: the engine once loaded, metrics, the drainer."""
+
+    def __init__(self, config: WorkerConfig, engine: AsyncLLM | None = None) -> None:
+        self.config = config
+        self.engine: AsyncLLM | None = None
+        self.serving: Serving | None = None
+        self.load_error: BaseException | None = None
+        self.drainer = Drainer()
+        self.usage = UsageMemory(config.usage_memory_entries, config.usage_memory_seconds)  # counts by request id
+        self.metrics = WorkerMetrics(config.model_id, lambda: self.engine.latest_stats if self.engine else None)
+        adapters.register_metrics(self)
+        self.created = int(time.time())
+        self.on_fatal: Callable[[], None] = lambda: None  # the server's way out when loading fails
+        if engine is not None:  # tests: a ready engine, no heap to settle
+            self.attach(engine, freeze=False)
+
+    def attach(self, engine: AsyncLLM, freeze: bool = True) -> None:
+        self.engine = engine
+        self.serving = Serving(engine, self.config, self.metrics, self.usage)
+        if not freeze:
+            return
+        # The model leaves ~200k long-lived objects; a full collection scanning them holds the GIL for
+        # ~0.2 s here, stalling the engine thread. Collect once now, then exempt them (gc.freeze).
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+
+    async def load(self) -> None:
+        started = time.monotonic()
+        try:
+            engine = await asyncio.to_thread(AsyncLLM.from_args, self.config.model, **self.config.engine_kwargs())
+        except Exception as exc:  # noqa: BLE001 - a worker that cannot load must exit, loudly
+            log.exception("model failed to load", extra={"model": self.config.model})
+            self.load_error = exc
+            self.on_fatal()
+            return
+        self.attach(engine)
+        log.info("model loaded", extra={"model": self.config.model, "seconds": round(time.monotonic() - started, 1),
+                                        "max_model_len": engine.max_model_len,
+                                        "kv_cache_blocks": engine.core.memory.num_blocks})
+
+    def status(self) -> str:
+        if self.load_error is not None or (self.engine is not None and not self.engine.is_alive()):
+            return "dead"
+        if self.engine is None:
+            return "loading"
+        return "draining" if self.drainer.draining else "ready"
