@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -rs --timeout=900 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs --timeout=900 --durations=30 $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -rs -m "not slow" $(PYTEST_ARGS)

@@ -132,6 +132,7 @@ async def _send_once(batch: Batch, principal, line: BatchLine) -> None:
         await db_call(lines.line_retry, line_id=line.pk, request_id=line.request_id,
                       after_seconds=min(2.0 ** line.attempts, 30.0), count_attempt=True)
         return
+    await accounting.accounted(line.request_id)  # billed durably before the line says answered
     line_error = None if status == 200 else {"code": code or "request_failed",
                                              "message": (error or {}).get("message", f"HTTP {status}")}
     await db_call(lines.line_answer, line_id=line.pk, request_id=line.request_id, ok=status == 200,

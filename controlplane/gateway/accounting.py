@@ -40,6 +40,7 @@ from .workers import ModelTarget
 log = logging.getLogger("tessera.gateway")
 
 _pending: set[asyncio.Task] = set()
+_by_request: dict[str, asyncio.Task] = {}  # request id -> its accounting task, until it is done
 
 
 def spawn(coro) -> asyncio.Task:
@@ -47,6 +48,15 @@ def spawn(coro) -> asyncio.Task:
     _pending.add(task)
     task.add_done_callback(_pending.discard)
     return task
+
+
+async def accounted(request_id: str) -> None:
+    """Wait until this request's usage is durable (ledger, Redis queue or spool) or left to the
+    sweeper: a batch line is marked answered only after this, so a runner killed in between leaves
+    the line running (re-sent under the same id, billed once) rather than answered and unbilled."""
+    task = _by_request.get(request_id)
+    if task is not None:
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def drain() -> None:
@@ -195,7 +205,8 @@ class Meter:
         )
         limits = self.principal.limits
         if self.batch_id:  # batch lines are not the online tiers' traffic: they would skew their SLIs
-            spawn(self._account(event, resolve))
+            task = _by_request[self.request_id] = spawn(self._account(event, resolve))
+            task.add_done_callback(lambda _t, rid=self.request_id: _by_request.pop(rid, None))
             return
         slo_metrics.observe_request(
             tier=limits.tier, model=self.target.name, http_status=http_status,
