@@ -135,11 +135,14 @@ def main() -> None:
     p.add_argument("--lines", type=int, default=64, help="lines of the idle-platform batch")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--name", default="batch_impact")
+    p.add_argument("--worker-arg", action="append", default=[],
+                   help="an extra worker flag (later flags win), e.g. --worker-arg=--background-priority=none "
+                        "to measure the engine without its background tier")
     p.add_argument("--postgres", default="postgres://postgres@127.0.0.1:5432",
                    help="a PostgreSQL server where a throwaway database is made (SQLite's one writer would make "
                         "the gateway and the batch runner wait on each other's writes)")
     args = p.parse_args()
-    flags = ["--dtype=auto", *WORKER_FLAGS]
+    flags = ["--dtype=auto", *WORKER_FLAGS, "--background-priority=1000", *args.worker_arg]
     # The engine alone, before the stack starts and after it stops; the faster run is the reference
     # (the cores are shared, so this errs against the batch).
     engine_runs = [offline(args.lines, args.max_tokens)]

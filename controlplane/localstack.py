@@ -127,10 +127,12 @@ def start_children(args: argparse.Namespace, env: dict[str, str], logs: Path) ->
         ("celery-beat", [py, "-m", "celery", "-A", "controlplane", "beat", "-s", str(var / "celerybeat-schedule"),
                          "-l", "warning"], env),
         # The ITL guard as benchmarks/load.py measures it on a CPU (docs/slo.md): premium and enterprise
-        # (priority <= 10) keep their ITL while lower tiers wait for one seat and small prefill chunks.
+        # (priority <= 10) keep their ITL while lower tiers wait for one seat and small prefill chunks;
+        # batch lines (TESSERA_BATCH_PRIORITY, 1000) run only in steps no online request wants.
         ("worker", [py, "-m", "dataplane.worker.agent", "--host", args.host, "--port", str(args.worker_port),
                     "--dtype", "auto", "--kv-cache-memory", args.kv_cache_memory, "--itl-guard-priority", "10",
-                    "--itl-guard-seqs", "1", "--itl-guard-step-tokens", "16", "--itl-guard-step-ms", "60"],
+                    "--itl-guard-seqs", "1", "--itl-guard-step-tokens", "16", "--itl-guard-step-ms", "60",
+                    "--background-priority", "1000"],
          worker_env),
     ]
     children = []

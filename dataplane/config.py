@@ -127,6 +127,11 @@ class SchedulerConfig:
     # capped so the step's predicted time (scheduler/step_cost.py, fitted online to the runner's own
     # timings) stays within it; never below a few tokens, so protected arrivals still start (None: off).
     itl_guard_step_ms: float | None = None
+    # Background work (the Batch API's lines): requests of this priority or past it run only in steps
+    # the others leave. While any request of a lower number is running or waiting, background requests
+    # are neither admitted nor stepped; their KV blocks stay (they resume where they were), and a seat
+    # or blocks an online request needs are taken from them by preemption as usual (None: no background).
+    background_priority: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -17,3 +17,4 @@ class SchedulerStats:
     generation_tokens: int  # cumulative tokens sampled
     num_blocks: int  # KV blocks in the pool
     num_free_blocks: int  # blocks neither in use nor held by a live request
+    num_paused: int = 0  # background requests (running, blocks held) sitting out while online work runs

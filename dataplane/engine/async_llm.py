@@ -66,7 +66,7 @@ class AsyncLLM:
         cc = {k: kwargs.pop(k) for k in ("block_size", "kv_cache_memory", "enable_prefix_caching") if k in kwargs}
         sc = {k: kwargs.pop(k) for k in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "aging_seconds",
                                          "long_prefill_token_threshold", "itl_guard_priority", "itl_guard_tokens", "itl_guard_seqs",
-                                         "itl_guard_step_tokens", "itl_guard_step_ms")
+                                         "itl_guard_step_tokens", "itl_guard_step_ms", "background_priority")
               if k in kwargs}
         lc = {k: kwargs.pop(k) for k in ("max_loras", "max_lora_rank", "max_cpu_loras") if k in kwargs}
         lora = LoRAConfig(**lc) if kwargs.pop("enable_lora", False) else None

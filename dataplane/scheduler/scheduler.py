@@ -51,6 +51,7 @@ class Scheduler:
         self._guard_left: int | None = None  # this step's ITL-guard prefill budget (see _itl_guard_budget)
         self._step_prefill_left: int | None = None  # this step's prefill cap, all priorities (_step_prefill_cap)
         self._protected_waiting = False  # a protected request is waiting this step (first claim on the cap)
+        self._online_present = False  # a request below background_priority is in the engine this step
         self.step_cost = StepCostModel()  # step time against tokens, for itl_guard_step_ms
         self.num_preemptions = 0
         self.prompt_tokens = 0
@@ -117,12 +118,15 @@ class Scheduler:
 
         self._guard_left = self._itl_guard_budget()
         self._step_prefill_left = self._step_prefill_cap()
+        self._online_present = self._any_online()
         self.running.sort(key=rank)
         for req in list(self.running):
             if budget == 0:
                 break
             if req.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
+            if self._paused(req):
+                continue  # background work sits out while online work is in the engine (keeps its blocks)
             n = self._chunk(req.num_tokens - req.num_computed_tokens, budget, req)
             if n == 0:
                 continue  # a guarded prefill waits for a step with guard budget left
@@ -163,6 +167,22 @@ class Scheduler:
             yield_to_waiting = self._protected_waiting and req is not None and req.priority > self.config.itl_guard_priority
             n = 0 if yield_to_waiting else min(n, self._step_prefill_left)
         return n
+
+    def _any_online(self) -> bool:
+        """Base priorities: aging orders the queue, it does not turn a batch line into online work."""
+        bg = self.config.background_priority
+        if bg is None:
+            return False
+        return any(r.priority < bg for r in self.running) or any(r.priority < bg for r in self.waiting)
+
+    def _paused(self, req: Request) -> bool:
+        bg = self.config.background_priority
+        return self._online_present and bg is not None and req.priority >= bg
+
+    @property
+    def num_paused(self) -> int:
+        """Background requests holding a seat and their blocks while online work runs (last step)."""
+        return sum(1 for r in self.running if self._paused(r))
 
     def _guarded(self, req: Request, remaining: int) -> bool:
         """A lower-priority prefill while the ITL guard applies this step."""
@@ -207,7 +227,7 @@ class Scheduler:
         if cap is None:
             return False
         p = self.config.itl_guard_priority
-        return sum(1 for r in self.running if r.priority > p) >= cap
+        return sum(1 for r in self.running if r.priority > p and not self._paused(r)) >= cap
 
     def _take(self, req: Request, n: int) -> None:
         remaining = req.num_tokens - req.num_computed_tokens
@@ -226,6 +246,9 @@ class Scheduler:
             leader = req.wait_for
             if leader is not None and not leader.status.finished and leader.num_computed_tokens < leader.num_prompt_tokens:
                 i += 1  # an n>1 sibling waits for the leader's prompt blocks, then shares them
+                continue
+            if self._paused(req):
+                i += 1  # background work is not started while online work is in the engine
                 continue
             if loras is not None and not loras.admits(req.adapter):
                 i += 1  # its adapter has no slot this step; requests of running adapters may go ahead
@@ -379,4 +402,5 @@ class Scheduler:
             num_running=len(self.running), num_waiting=len(self.waiting), kv_cache_usage=pool.usage(),
             prefix_cache_queries=pool.queries, prefix_cache_hits=pool.hits,
             num_preemptions=self.num_preemptions, prompt_tokens=self.prompt_tokens,
-            generation_tokens=self.generation_tokens, num_blocks=pool.num_blocks, num_free_blocks=pool.num_free)
+            generation_tokens=self.generation_tokens, num_blocks=pool.num_blocks, num_free_blocks=pool.num_free,
+            num_paused=self.num_paused)

@@ -49,6 +49,9 @@ class WorkerConfig:
     itl_guard_step_tokens: int | None = None
     # ... or capped to what keeps a step's predicted time within this many ms (fitted online; empty: off)
     itl_guard_step_ms: float | None = None
+    # Requests at this priority or past it (the Batch API's lines: TESSERA_BATCH_PRIORITY, 1000) run only
+    # in steps online requests leave (dataplane/config.py SchedulerConfig.background_priority; empty: off)
+    background_priority: int | None = None
     # LoRA adapters (dataplane/lora); loaded at run time through POST /v1/adapters
     enable_lora: bool = False
     max_loras: int = 4  # adapters in device slots at once (distinct adapters per step)
@@ -140,7 +143,8 @@ class WorkerConfig:
             "enable_prefix_caching": self.enable_prefix_caching, "seed": self.seed, "progress": False,
             "itl_guard_priority": self.itl_guard_priority, "itl_guard_tokens": self.itl_guard_tokens,
             "itl_guard_seqs": self.itl_guard_seqs, "itl_guard_step_tokens": self.itl_guard_step_tokens,
-            "itl_guard_step_ms": self.itl_guard_step_ms, "grammar_compile_timeout": self.grammar_compile_timeout or None,
+            "itl_guard_step_ms": self.itl_guard_step_ms, "background_priority": self.background_priority,
+            "grammar_compile_timeout": self.grammar_compile_timeout or None,
             **({"enable_lora": True, "max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank,
                 "max_cpu_loras": self.max_cpu_loras} if self.enable_lora else {}),
         }
@@ -185,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
              "drain_timeout": float, "max_model_len": _optional_int, "max_loras": int, "max_lora_rank": int,
              "max_cpu_loras": _optional_int, "itl_guard_priority": _optional_int, "itl_guard_tokens": int, "itl_guard_seqs": _optional_int,
              "itl_guard_step_tokens": _optional_int, "itl_guard_step_ms": _optional_float,
+             "background_priority": _optional_int,
              "threads": _optional_int, "usage_memory_entries": int, "usage_memory_seconds": float,
              "grammar_compile_timeout": float}
     for f in fields(WorkerConfig):

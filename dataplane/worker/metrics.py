@@ -43,6 +43,8 @@ class EngineCollector(Collector):
         gauges = (("num_requests_running", "Requests holding KV blocks (each of n completions counts)",
                    s and s.num_running),
                   ("num_requests_waiting", "Requests queued, preempted ones included", s and s.num_waiting),
+                  ("num_requests_paused", "Background (batch) requests holding their blocks while online work runs",
+                   s and s.num_paused),
                   ("kv_cache_usage_perc", "Fraction of KV-cache blocks in use, 0 to 1", s and s.kv_cache_usage))
         for name, doc, value in gauges:
             g = GaugeMetricFamily(P + name, doc, labels=["model_name"])
