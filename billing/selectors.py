@@ -25,18 +25,20 @@ def price_lookup(*, model: str, adapter: str | None, tier: str | None, at: datet
 
 
 def price_estimate(
-    *, model: str, adapter: str | None, tier: str | None, prompt_tokens: int, completion_tokens: int, at: datetime
+    *, model: str, adapter: str | None, tier: str | None, prompt_tokens: int, completion_tokens: int, at: datetime,
+    batch: bool = False,
 ) -> Decimal:
     """Upper bound of what a request will cost, for the gateway to reserve against a spend budget.
 
     Every prompt token is charged at the dearer of the input and cached-input rates (the cache hit
-    is unknown beforehand). Unpriced models estimate to zero, like their usage records.
+    is unknown beforehand). Unpriced models estimate to zero, like their usage records. A batch line
+    (`batch`) is estimated at the price's batch share, as the ledger will price it.
     """
     price = price_lookup(model=model, adapter=adapter, tier=tier, at=at)
     if price is None:
         return ZERO
-    prompt_rate = max(price.input_per_mtok, price.cached_input_per_mtok)
-    return token_cost(prompt_tokens, prompt_rate) + token_cost(completion_tokens, price.output_per_mtok)
+    prompt_rate = max(price.rate("input_per_mtok", batch=batch), price.rate("cached_input_per_mtok", batch=batch))
+    return token_cost(prompt_tokens, prompt_rate) + token_cost(completion_tokens, price.rate("output_per_mtok", batch=batch))
 
 
 def usage_meter_totals_by_price(records: QuerySet[UsageRecord], *extra_keys: str) -> list[dict]:

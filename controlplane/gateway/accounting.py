@@ -84,31 +84,33 @@ RATE_CACHE_SECONDS = 60.0
 _rates: dict[tuple, tuple[float, Decimal, Decimal]] = {}
 
 
-def _rates_per_mtok(*, target: ModelTarget, tier: str, at) -> tuple[Decimal, Decimal]:
+def _rates_per_mtok(*, target: ModelTarget, tier: str, at, batch: bool) -> tuple[Decimal, Decimal]:
     estimate = billing_selector("price_estimate")
-    kwargs = dict(model=target.base, adapter=target.adapter, tier=tier, at=at)
+    kwargs = dict(model=target.base, adapter=target.adapter, tier=tier, at=at, batch=batch)
     return (
         Decimal(estimate(prompt_tokens=MTOK, completion_tokens=0, **kwargs)),
         Decimal(estimate(prompt_tokens=0, completion_tokens=MTOK, **kwargs)),
     )
 
 
-async def price_nano(*, target: ModelTarget, tier: str, prompt_tokens: int, completion_tokens: int, at) -> int:
+async def price_nano(*, target: ModelTarget, tier: str, prompt_tokens: int, completion_tokens: int, at,
+                     batch: bool = False) -> int:
     """billing.selectors.price_estimate, without a database query per request: its estimate is
     linear in the token counts (exact per-Mtok rates), so the two rates are cached per model,
     adapter and tier for RATE_CACHE_SECONDS (a price change reaches reservations that much later;
     the ledger prices every request itself at write time)."""
-    key = (target.base, target.adapter, tier)
+    key = (target.base, target.adapter, tier, batch)
     cached = _rates.get(key)
     if cached is None or cached[0] < time.monotonic():
-        prompt_rate, completion_rate = await db_call(_rates_per_mtok, target=target, tier=tier, at=at)
+        prompt_rate, completion_rate = await db_call(_rates_per_mtok, target=target, tier=tier, at=at, batch=batch)
         cached = (time.monotonic() + RATE_CACHE_SECONDS, prompt_rate, completion_rate)
         _rates[key] = cached
     _, prompt_rate, completion_rate = cached
     return to_nano((prompt_rate * prompt_tokens + completion_rate * completion_tokens) / MTOK)
 
 
-async def reservation_spend_nano(*, target: ModelTarget, tier: str, prompt_estimate: int, allowance: int, at) -> int:
+async def reservation_spend_nano(*, target: ModelTarget, tier: str, prompt_estimate: int, allowance: int, at,
+                                 batch: bool = False) -> int:
     """The most a request may cost when the worker serves at most `allowance` tokens in all.
 
     The worker clamps completions to the allowance minus the real prompt, so the split between prompt
@@ -118,8 +120,9 @@ async def reservation_spend_nano(*, target: ModelTarget, tier: str, prompt_estim
     """
     estimate = min(prompt_estimate, allowance)
     split = await price_nano(target=target, tier=tier, prompt_tokens=estimate,
-                             completion_tokens=allowance - estimate, at=at)
-    all_prompt = await price_nano(target=target, tier=tier, prompt_tokens=allowance, completion_tokens=0, at=at)
+                             completion_tokens=allowance - estimate, at=at, batch=batch)
+    all_prompt = await price_nano(target=target, tier=tier, prompt_tokens=allowance, completion_tokens=0, at=at,
+                                  batch=batch)
     return max(split, all_prompt)
 
 
@@ -232,7 +235,7 @@ class Meter:
             try:
                 actual_spend = await price_nano(
                     target=self.target, tier=event.tier, prompt_tokens=event.prompt_tokens,
-                    completion_tokens=event.completion_tokens, at=event.created_at,
+                    completion_tokens=event.completion_tokens, at=event.created_at, batch=bool(self.batch_id),
                 )
             except Exception:
                 log.exception("price estimate failed; keeping the reserved spend", extra={"request_id": self.request_id})

@@ -32,6 +32,7 @@ class Admission:
     period_start: dt.date
     worker_url: str
     created_at: dt.datetime
+    batch_id: str = ""  # a batch line's batch: the sweeper bills it on the batch price line too
 
 
 def insert(admissions: list[Admission], *, ignore_conflicts: bool = False) -> None:

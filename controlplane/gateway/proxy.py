@@ -35,6 +35,7 @@ from tenants.limits import LimitPlan, get_limiter, period_start
 
 from . import accounting, admission, journal, outages, parsing, upstream, usage_writer, worker_usage
 from .accounting import Meter
+from .prefix_routing import prefix_key, prompt_text
 from .responses import error_response, ratelimit_headers, refusal
 from .sse import StreamMeter, usage_counts
 from .worker_usage import WorkerCounts
@@ -114,7 +115,8 @@ def reserved_prompt(principal: KeyPrincipal, parsed: parsing.ParsedRequest) -> i
     return parsed.prompt_bound if exact(principal.limits) else parsed.prompt_estimate
 
 
-async def reserve(principal: KeyPrincipal, parsed: parsing.ParsedRequest, target: ModelTarget, request_id: str):
+async def reserve(principal: KeyPrincipal, parsed: parsing.ParsedRequest, target: ModelTarget, request_id: str,
+                  batch: bool = False):
     spend = 0
     prompt = reserved_prompt(principal, parsed)
     tokens = prompt + parsed.max_completion * parsed.n
@@ -122,7 +124,7 @@ async def reserve(principal: KeyPrincipal, parsed: parsing.ParsedRequest, target
         try:
             spend = await accounting.reservation_spend_nano(
                 target=target, tier=principal.limits.tier, prompt_estimate=prompt,
-                allowance=tokens, at=dt.datetime.now(dt.UTC),
+                allowance=tokens, at=dt.datetime.now(dt.UTC), batch=batch,
             )
         except ImportError as exc:
             log.error("cannot enforce a spend budget: %s", exc, extra={"request_id": request_id})
@@ -157,6 +159,7 @@ async def open_upstream(
     journal learns the worker before the worker learns the request."""
     registry = get_registry()
     key = parsing.affinity_key(parsed, principal.cache_salt)
+    prefix = prefix_key(prompt_text(parsed.kind, parsed.body), principal.cache_salt, parsed.model)
     body = parsing.upstream_body(raw, parsed)
     path = "/v1/chat/completions" if parsed.kind == "chat" else "/v1/completions"
     headers = {
@@ -174,7 +177,7 @@ async def open_upstream(
     tried: set[str] = set()
     last_error: Exception | None = None
     for _ in range(MAX_ATTEMPTS):
-        worker = registry.pick(parsed.model, key, exclude=tried)
+        worker = registry.pick(parsed.model, key, exclude=tried, prefix=prefix)
         if worker is None:
             break
         tried.add(worker.url)
@@ -229,7 +232,7 @@ async def handle(request: HttpRequest, kind: str, *, body: bytes | None = None,
         authorize(principal, target)
         tier = principal.limits.tier
         admission.check(registry, parsed.model, principal.limits.priority)  # overload: lowest tiers first
-        plan, period, decision = await reserve(principal, parsed, target, request_id)
+        plan, period, decision = await reserve(principal, parsed, target, request_id, batch=bool(batch_id))
         extra_headers = ratelimit_headers(decision)
         meter = Meter(request_id, principal, target, plan, period, created_at, started, batch_id=batch_id)
         meter.logs_content = content_log.request(principal, request_id, raw)
@@ -271,7 +274,7 @@ async def _journal(meter: Meter, parsed: parsing.ParsedRequest, worker_url: str)
                 model=meter.target.base, adapter=meter.target.adapter, tier=meter.principal.limits.tier,
                 prompt_estimate=reserved_prompt(meter.principal, parsed), reserved_tokens=meter.plan.tokens,
                 reserved_spend_nano=meter.plan.spend_nano, period_start=meter.period, worker_url=worker_url,
-                created_at=meter.created_at,
+                created_at=meter.created_at, batch_id=meter.batch_id,
             ))
     except Exception as exc:
         log.error("usage journal unavailable; refusing the request", extra={"request_id": meter.request_id,

@@ -51,6 +51,18 @@ def test_invoice_has_its_own_batch_line_and_spend_counts_the_discount(price, mak
     assert spend == sum(r.amount for r in UsageRecord.objects.filter(tenant=tenant))  # exact, discount included
 
 
+def test_the_gateways_spend_estimate_for_a_batch_line_is_at_the_batch_share(price):
+    """A spend budget reserves and settles a batch line at what the ledger will charge for it, not at
+    the online price (which would stop a batch-heavy tenant at half its budget)."""
+    from billing.selectors import price_estimate
+
+    kwargs = dict(model="llama-8b", adapter=None, tier=None, prompt_tokens=1000, completion_tokens=500,
+                  at=datetime(2026, 11, 15, tzinfo=UTC))
+    online, batch = price_estimate(**kwargs), price_estimate(**kwargs, batch=True)
+    assert online == Decimal(1000) * Decimal("0.15") / 10**6 + Decimal(500) * Decimal("0.60") / 10**6
+    assert batch * 2 == online
+
+
 def test_finance_export_names_the_batch(price, make_event, ingest):
     from billing import exports
 

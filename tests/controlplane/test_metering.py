@@ -129,7 +129,7 @@ async def test_no_journal_no_service(gateway, tenant_key, workers, monkeypatch, 
 # --- the sweeper ---------------------------------------------------------------------------------------
 
 
-async def orphan(tenant, worker_url: str, request_id: str, reserved: int = 60):
+async def orphan(tenant, worker_url: str, request_id: str, reserved: int = 60, batch_id: str = ""):
     """What a gateway killed mid-request leaves: a reservation in the limiter and a journal row."""
     from tenants.limits import BudgetSeed, LimitPlan, get_limiter, period_start
     from tenants.selectors import tenant_limits
@@ -143,7 +143,7 @@ async def orphan(tenant, worker_url: str, request_id: str, reserved: int = 60):
     await usage_writer.admit(journal.Admission(
         request_id=request_id, tenant_id=tenant.pk, api_key_id=None, model="fake-model", adapter=None,
         tier=limits.tier, prompt_estimate=10, reserved_tokens=reserved, reserved_spend_nano=0,
-        period_start=period_start(), worker_url=worker_url, created_at=dt.datetime.now(dt.UTC)))
+        period_start=period_start(), worker_url=worker_url, created_at=dt.datetime.now(dt.UTC), batch_id=batch_id))
     return limits
 
 
@@ -178,6 +178,17 @@ async def test_sweeper_bills_a_dead_gateways_request_from_the_workers_counts(gat
 
     assert (await sweeper.sweep(min_age=0)).billed_from_worker == []  # idempotent
     assert len(sink.EVENTS) == 1
+
+
+async def test_sweeper_bills_a_dead_batch_runners_line_on_the_batch_price_line(gateway, tenant_key, workers):
+    """A batch line whose runner died mid-line is swept like any request, and billed as a batch line."""
+    tenant, _ = await tenant_key(monthly_token_budget=10_000)
+    workers[0].usage["req_b7_line"] = {"state": "finished", "status": "ok", "prompt_tokens": 5, "cached_tokens": 0,
+                                       "completion_tokens": 9}
+    await orphan(tenant, workers[0].url, "req_b7_line", batch_id="batch_dead_runner")
+    assert (await sweeper.sweep(min_age=0)).billed_from_worker == ["req_b7_line"]
+    (event,) = sink.EVENTS
+    assert (event.batch_id, event.prompt_tokens, event.completion_tokens) == ("batch_dead_runner", 5, 9)
 
 
 async def test_sweeper_releases_a_request_no_worker_had_and_bills_the_reservation_only_when_it_gives_up(
