@@ -55,6 +55,7 @@ class RequestOutput:
     # Asked for with prompt_logprobs: per prompt token, None for the first (nothing predicts it); in a
     # stream, on the delta that carries the first generated token only.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    embedding: list[float] | None = None  # an embedding request (SamplingParams.pooling): its vector, once finished
 
     # The first completion, for the common n == 1 case.
     @property

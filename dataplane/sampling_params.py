@@ -18,6 +18,7 @@ MAX_STOP_CHARS = 256
 # Extra stop tokens: real models need a handful (end-of-turn, end-of-text, tool-call ends); each is
 # checked per token per request.
 MAX_STOP_TOKEN_IDS = 64
+POOLING_TYPES = ("last", "mean")  # embeddings over a decoder's final hidden states, as vLLM's pooling runner
 
 
 @dataclass(slots=True)
@@ -41,6 +42,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     structured: StructuredOutputs | None = None  # constrain the output (JSON schema, regex, ...)
     logit_bias: dict[int, float] | None = None  # OpenAI's: token id -> added to its logit, in [-100, 100]
+    # Embeddings: "last" | "mean" pools the prompt's final hidden states (after the final norm, L2-normalized)
+    # instead of generating; with max_tokens 0 (dataplane/runner/pooling.py).
+    pooling: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -50,7 +54,14 @@ class SamplingParams:
             raise ValueError(f"n: must be an integer >= 1, got {self.n!r}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 0:
             raise ValueError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
-        if self.max_tokens == 0 and self.prompt_logprobs is None:  # 0 scores a prompt: nothing else to return
+        if self.pooling is not None:
+            if self.pooling not in POOLING_TYPES:
+                raise ValueError(f"pooling: must be one of {', '.join(POOLING_TYPES)}, got {self.pooling!r}")
+            if self.max_tokens != 0 or self.prompt_logprobs is not None or self.logprobs is not None:
+                raise ValueError("pooling: an embedding request generates nothing: max_tokens must be 0, "
+                                 "without logprobs or prompt_logprobs")
+        if self.max_tokens == 0 and self.prompt_logprobs is None and self.pooling is None:
+            # 0 scores a prompt or pools it: nothing else to return
             raise ValueError("max_tokens: must be an integer >= 1 (0 only with prompt logprobs), got 0")
         if self.max_tokens == 0 and self.n != 1:
             raise ValueError(f"n: a scored prompt (max_tokens 0) has one answer; got n={self.n}")

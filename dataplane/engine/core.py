@@ -173,6 +173,9 @@ class EngineCore:
             result = ModelRunnerOutput(failed_request_ids={rid: f"engine error: {exc}"
                                                            for rid in out.num_scheduled_tokens})
         core_outputs = self.scheduler.update(out, result)
+        if result.pooled:  # embeddings finish in update (max_tokens 0); their vector rides on that output
+            for o in core_outputs:
+                o.embedding = result.pooled.get(o.request_id)
         outputs, stops = self.processor.process(core_outputs, delta)
         for child_id, stop in stops:
             req = self.scheduler.requests.get(child_id)

@@ -77,6 +77,15 @@ class LLM:
             self.core.add(rid, text, children)
         return self._run([rid for rid, _, _ in built], use_tqdm)
 
+    def embed(self, prompts: PromptInput | Sequence[PromptInput], *, pooling: str = "last",
+              priorities: Sequence[int] | None = None, cache_salts: Sequence[str | None] | None = None,
+              ) -> list[list[float] | None]:
+        """Pooled, L2-normalized final hidden states, one per prompt in order (runner/pooling.py);
+        None for a prompt whose request failed."""
+        outs = self.generate(prompts, SamplingParams(max_tokens=0, pooling=pooling), priorities=priorities,
+                             cache_salts=cache_salts)
+        return [o.embedding for o in outs]
+
     def add_adapter(self, name: str, path: str) -> None:
         """Load a PEFT LoRA adapter directory under `name`; ValueError says what is wrong with it."""
         self.core.add_adapter(name, path)

@@ -32,6 +32,7 @@ class _Parent:
     completions: list[_Completion] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # from the first completion, once computed
     sent_prompt_logprobs: bool = False
+    embedding: list[float] | None = None  # an embedding request's vector, once pooled
 
     @property
     def finished(self) -> bool:
@@ -72,6 +73,8 @@ class OutputProcessor:
             stop_str = c.detok.add_tokens(o.new_token_ids) if o.new_token_ids else None
             if o.prompt_logprobs is not None and parent.prompt_logprobs is None:
                 parent.prompt_logprobs = [None, *o.prompt_logprobs]
+            if o.embedding is not None:
+                parent.embedding = o.embedding
             if o.new_logprobs and c.logprobs is not None:
                 c.logprobs.extend(o.new_logprobs)
             if stop_str is not None:
@@ -139,4 +142,4 @@ class OutputProcessor:
             prompt_lps, parent.sent_prompt_logprobs = (None if parent.sent_prompt_logprobs else prompt_lps,
                                                        parent.sent_prompt_logprobs or prompt_lps is not None)
         return RequestOutput(parent.request_id, parent.prompt_token_ids, comps, parent.finished,
-                             max(first.num_cached_tokens, 0), metrics, parent.prompt, prompt_lps)
+                             max(first.num_cached_tokens, 0), metrics, parent.prompt, prompt_lps, parent.embedding)

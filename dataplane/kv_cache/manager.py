@@ -26,8 +26,8 @@ class KVCacheManager:
 
         At least one token is always left to compute: the step that computes it yields the logits.
         """
-        if not self.pool.enable_caching:
-            return [], 0
+        if not self.pool.enable_caching or request.sampling_params.pooling == "mean":
+            return [], 0  # a mean-pooled embedding needs every position's hidden state (runner/pooling.py)
         hashes = update_block_hashes(request, self.block_size)
         max_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[KVBlock] = []

@@ -75,6 +75,28 @@ class LlamaModel:
         logits_indices: torch.Tensor,  # [R] rows whose next-token logits are wanted
         lora: LoRAStepContext | None = None,  # this step's adapters; None when no token uses one
     ) -> torch.Tensor:
+        return self.logits(self.hidden_states(input_ids, positions, meta, kv_caches, lora), logits_indices)
+
+    @torch.inference_mode()
+    def logits(self, h: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """Next-token logits (float32) of the rows `indices` of hidden_states' output."""
+        return self.lm_head(self.final_norm(h[indices])).float()
+
+    @torch.inference_mode()
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        """The last RMSNorm: what the lm head reads, and what embeddings pool (dataplane/runner/pooling.py)."""
+        return self._norm(h, self.norm, self.args.rms_norm_eps)
+
+    @torch.inference_mode()
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,  # [T] long
+        positions: torch.Tensor,  # [T] long
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (key_cache, value_cache)
+        lora: LoRAStepContext | None = None,
+    ) -> torch.Tensor:
+        """[T, hidden]: every row's residual stream after the last layer, before the final norm."""
         a = self.args
         eps = a.rms_norm_eps
         q_size, kv_size, heads, kv_heads, d = a.q_size, a.kv_size, a.num_heads, a.num_kv_heads, a.head_dim
@@ -107,8 +129,7 @@ class LlamaModel:
             down = layer.down_proj(hidden)
             lora.apply(i, "down", hidden, down)
             h = h + down
-        h = norm(h[logits_indices], self.norm, eps)
-        return self.lm_head(h).float()
+        return h
 
 
 def _kernel_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -16,6 +16,7 @@ import torch
 from dataplane.lora.runtime import LoRARuntime
 from dataplane.models.llama import LlamaModel
 from dataplane.runner.attention import AttentionMetadata, build_decode_groups, make_prefill_chunk
+from dataplane.runner.pooling import PoolSpan, pool, pool_span
 from dataplane.runner.prompt_logprobs import prompt_logprobs
 from dataplane.sampling.sampler import Sampler, SamplingRow
 from dataplane.sampling_params import SamplingParams
@@ -34,6 +35,7 @@ class RunnerRequestState:
     params: SamplingParams
     adapter: str | None
     matcher: Matcher | None = None  # structured outputs: the grammar's state (built at first sampling)
+    pool_sum: torch.Tensor | None = None  # mean-pooled embeddings: the sum of the chunks pooled so far
 
 
 class ModelRunner:
@@ -97,6 +99,7 @@ class ModelRunner:
         sampled: list[str] = []
         chunks: list[tuple[int, int, int, list[int]]] = []
         prompt_rows: list[tuple[str, range, list[int]]] = []  # (request, rows, the tokens they predict)
+        pool_spans: list[PoolSpan] = []  # embedding requests' rows to pool
         for rid in order:
             st = self.states[rid]
             n = sched[rid]
@@ -115,6 +118,9 @@ class ModelRunner:
             if st.params.prompt_logprobs is not None and start < st.num_prompt_tokens - 1:
                 end = min(start + n, st.num_prompt_tokens - 1)  # position p predicts prompt token p + 1
                 prompt_rows.append((rid, range(row0, row0 + end - start), st.token_ids[start + 1 : end + 1]))
+            if st.params.pooling is not None and (span := pool_span(rid, st.params.pooling, row0, start, n,
+                                                                    st.num_prompt_tokens)):
+                pool_spans.append(span)
 
         device = self.model.device
         meta = AttentionMetadata(
@@ -130,14 +136,15 @@ class ModelRunner:
         if self.lora is not None:
             lora = self.lora.prepare([(self.states[rid].adapter, sched[rid]) for rid in order], len(decodes))
         try:
-            logits = self.model.forward(
+            hidden = self.model.hidden_states(
                 torch.tensor(input_ids, dtype=torch.long, device=device),
                 torch.tensor(positions, dtype=torch.long, device=device),
-                meta, self.kv_caches,
-                torch.tensor(logits_rows + [r for _, rows, _ in prompt_rows for r in rows], dtype=torch.long,
-                             device=device),
-                lora=lora,
+                meta, self.kv_caches, lora=lora,
             )
+            logits = self.model.logits(hidden, torch.tensor(
+                logits_rows + [r for _, rows, _ in prompt_rows for r in rows], dtype=torch.long, device=device))
+            if pool_spans:
+                self._pool(hidden, pool_spans, result)
         except BaseException:
             if masks is not None:
                 masks.exception()  # let the fill finish before the states it reads can change
@@ -170,6 +177,15 @@ class ModelRunner:
             if lp is not None:
                 result.logprobs[rid] = [lp]
         return result
+
+    def _pool(self, hidden: torch.Tensor, spans: list[PoolSpan], result: ModelRunnerOutput) -> None:
+        rows = torch.tensor([r for s in spans for r in s.rows], dtype=torch.long, device=hidden.device)
+        mean = {s.request_id: self.states[s.request_id].pool_sum for s in spans
+                if self.states[s.request_id].params.pooling == "mean"}
+        result.pooled, partial = pool(self.model.final_norm(hidden[rows]), spans, mean,
+                                      {s.request_id: self.states[s.request_id].num_prompt_tokens for s in spans})
+        for rid, total in partial.items():
+            self.states[rid].pool_sum = total
 
     def _begin_masks(self, sampled: list[str]) -> Future | None:
         """Start filling the grammar masks of this step's structured-output rows (None: there are none)."""

@@ -59,6 +59,8 @@ class ModelRunnerOutput:
     # computed this step (the chunk's first computed position predicts the entry for start + 1).
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     failed_request_ids: dict[str, str] = field(default_factory=dict)  # request -> error message
+    # Embedding requests whose prompt's last chunk ran this step: the pooled, L2-normalized hidden state.
+    pooled: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -73,3 +75,4 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0  # prompt tokens that came from the prefix cache
     error: str | None = None  # message when finish_reason == "error"
     prompt_logprobs: list[TokenLogprobs] | None = None  # prompt positions 1.. (all of them), with the first token
+    embedding: list[float] | None = None  # an embedding request's pooled vector, when it finishes

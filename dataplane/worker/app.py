@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from dataplane.worker import adapters, errors, usage_route
+from dataplane.worker import adapters, embeddings, errors, usage_route
 from dataplane.worker.drain import Draining
 from dataplane.worker.run import RequestContext
 from dataplane.worker.state import WorkerState
@@ -52,7 +52,7 @@ def create_app(state: WorkerState) -> Starlette:
         if scheme.lower() != "bearer" or not hmac.compare_digest(secret.strip().encode(), config.token.encode()):
             raise errors.WorkerError("Missing or invalid worker token.", status=401, code="invalid_api_key")
 
-    async def generate(request: Request, chat: bool) -> Response:
+    async def generate(request: Request, kind: str) -> Response:
         started = time.monotonic()
         rid = _request_id(request)
         headers = {"X-Request-Id": rid}
@@ -67,11 +67,14 @@ def create_app(state: WorkerState) -> Starlette:
             ticket = state.drainer.admit()
             raw = await request.body()
             allowance = _allowance(request)
-            job = serving.prepare_chat(raw, allowance) if chat else serving.prepare_completion(raw, allowance)
+            if kind == "embeddings":
+                job = embeddings.prepare(serving, raw, allowance)
+            else:
+                job = serving.prepare_chat(raw, allowance) if kind == "chat" else serving.prepare_completion(raw, allowance)
             ctx = RequestContext(rid, request.headers.get("x-tenant-id"), _header_int(request, "x-priority"),
                                  request.headers.get("x-cache-salt") or None, request.receive, started,
                                  accounting=request.headers.get("x-tessera-accounting") == "1")
-            response = await serving.run(job, ctx)
+            response = await (embeddings.run(serving, job, ctx) if kind == "embeddings" else serving.run(job, ctx))
         except Draining:
             response = errors.unavailable("This worker is draining; send the request elsewhere.",
                                           config.retry_after, "draining").response()
@@ -95,10 +98,13 @@ def create_app(state: WorkerState) -> Starlette:
         return response
 
     async def chat_completions(request: Request) -> Response:
-        return await generate(request, chat=True)
+        return await generate(request, "chat")
 
     async def completions(request: Request) -> Response:
-        return await generate(request, chat=False)
+        return await generate(request, "completions")
+
+    async def embed(request: Request) -> Response:
+        return await generate(request, "embeddings")
 
     async def models(request: Request) -> Response:
         try:
@@ -148,6 +154,7 @@ def create_app(state: WorkerState) -> Starlette:
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embed, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
 from dataplane.config import LoRAConfig, parse_bytes
+from dataplane.sampling_params import POOLING_TYPES
 
 ENV_PREFIX = "TESSERA_WORKER_"
 _TRUE = {"1", "true", "yes", "on"}
@@ -79,6 +80,10 @@ class WorkerConfig:
     # opened, is held to a valid call of a given tool (dataplane/worker/tool_parsers/grammar.py)
     tool_call_parser: str = "auto"
     tool_call_constraint: bool = True
+    # /v1/embeddings (dataplane/worker/embeddings.py): "last" (token) or "mean" pooling of the final hidden
+    # states, L2-normalized; inputs per request at most (each is one engine request, under max_waiting)
+    pooling: str = "last"
+    max_embedding_inputs: int = 64
     # lifecycle
     drain_timeout: float = 30.0  # seconds to let in-flight requests finish after SIGTERM
     log_level: str = "info"
@@ -89,7 +94,8 @@ class WorkerConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port: must be in [0, 65535], got {self.port}")
         parse_bytes(self.kv_cache_memory, name="kv_cache_memory")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_n", "default_max_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_n", "default_max_tokens", "block_size",
+                     "max_embedding_inputs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if self.threads is not None and self.threads < 1:
@@ -116,6 +122,8 @@ class WorkerConfig:
         if self.tool_call_parser not in ("auto", "none", "hermes", "llama3_json", "pythonic"):
             raise ValueError(f"tool_call_parser: must be auto, none, hermes, llama3_json or pythonic, "
                              f"got {self.tool_call_parser!r}")
+        if self.pooling not in POOLING_TYPES:
+            raise ValueError(f"pooling: must be one of {', '.join(POOLING_TYPES)}, got {self.pooling!r}")
         if self.enable_lora:
             LoRAConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank, max_cpu_loras=self.max_cpu_loras)
         self.log_level = self.log_level.lower()
@@ -191,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
              "itl_guard_step_tokens": _optional_int, "itl_guard_step_ms": _optional_float,
              "background_priority": _optional_int,
              "threads": _optional_int, "usage_memory_entries": int, "usage_memory_seconds": float,
-             "grammar_compile_timeout": float}
+             "grammar_compile_timeout": float, "max_embedding_inputs": int}
     for f in fields(WorkerConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.type == "bool":
