@@ -5,16 +5,20 @@ controlplane/deployments/routing.py: ready replicas on ready workers, read from 
 of base URLs: then each gateway process polls every worker's /ready and /v1/models in the
 background; a model card with a `parent` is a LoRA adapter of that parent (vLLM's convention).
 
-Routing: among ready workers serving the model, take those within AFFINITY_SLACK outstanding
-requests of the least loaded, then pick by rendezvous hashing on the prefix key (the tenant's cache
-salt + system prompt / first message), so a repeated prefix keeps landing where its KV is cached
-while load stays balanced. "Outstanding" is this process's own count.
+Routing (TESSERA_ROUTING_POLICY), among ready workers serving the model:
+- cache_aware (default): where this gateway sent the longest matching prefix of the request
+  (tenant-salted chunk hashes), penalized by load, least loaded when imbalanced (prefix_routing.py);
+- affinity: within AFFINITY_SLACK outstanding requests of the least loaded, rendezvous hashing on
+  the prefix key (the tenant's cache salt + system prompt / first message);
+- least_loaded, round_robin: the baselines benchmarks/routing.py compares against.
+"Outstanding" is this process's own count.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -26,11 +30,12 @@ from django.core.exceptions import ImproperlyConfigured
 
 from controlplane.errors import ApplicationError
 
-from . import upstream
+from . import prefix_routing, upstream
 
 log = logging.getLogger("tessera.gateway")
 
 AFFINITY_SLACK = 2  # how many more outstanding requests than the least-loaded worker affinity may cost
+POLICIES = ("cache_aware", "affinity", "least_loaded", "round_robin")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +69,12 @@ class Registry:
         self._poller: asyncio.Task | None = None
         self._poller_loop: asyncio.AbstractEventLoop | None = None
         self._refresh_lock: asyncio.Lock | None = None
+        self.policy = getattr(settings, "TESSERA_ROUTING_POLICY", "cache_aware")
+        if self.policy not in POLICIES:
+            raise ImproperlyConfigured(f"TESSERA_ROUTING_POLICY={self.policy!r}: expected one of {', '.join(POLICIES)}")
+        self.prefixes = prefix_routing.PrefixTable(
+            getattr(settings, "TESSERA_ROUTING_CACHE_CHUNKS", prefix_routing.DEFAULT_CAPACITY_CHUNKS))
+        self._turn = itertools.count()
 
     # --- polling ----------------------------------------------------------------------------------
 
@@ -80,6 +91,7 @@ class Registry:
                 log.warning("worker unreachable", extra={"worker": worker.url, "error": repr(exc)})
             worker.mark_failed()
             worker.polled_at = time.monotonic()
+            self.prefixes.forget(worker.url)  # back after a restart with an empty cache
             return
         targets: dict[str, ModelTarget] = {}
         for card in cards:
@@ -150,10 +162,21 @@ class Registry:
     def candidates(self, name: str, exclude: set[str] = frozenset()) -> list[Worker]:
         return [w for w in self.workers if w.ready and name in w.models and w.url not in exclude]
 
-    def pick(self, name: str, affinity_key: bytes, exclude: set[str] = frozenset()) -> Worker | None:
+    def pick(self, name: str, affinity_key: bytes, exclude: set[str] = frozenset(),
+             prefix: prefix_routing.PrefixKey | None = None) -> Worker | None:
+        """`prefix`: the request's salted prefix chunks (prefix_routing.prefix_key), for cache_aware."""
         ready = self.candidates(name, exclude)
         if not ready:
             return None
+        if self.policy == "round_robin":
+            return ready[next(self._turn) % len(ready)]
+        if self.policy == "least_loaded":
+            start = next(self._turn) % len(ready)  # ties rotate, or idle workers would all go to the first
+            return min(ready[start:] + ready[:start], key=prefix_routing.load_of)
+        if self.policy == "cache_aware" and prefix is not None:
+            worker, _ = prefix_routing.choose(ready, prefix, self.prefixes)
+            self.prefixes.record(worker.url, prefix)
+            return worker  # type: ignore[return-value]
         least = min(w.outstanding for w in ready)
         balanced = [w for w in ready if w.outstanding <= least + AFFINITY_SLACK]
         return max(balanced, key=lambda w: hashlib.blake2b(affinity_key + w.url.encode(), digest_size=8).digest())

@@ -185,6 +185,12 @@ TESSERA_WORKERS = os.environ.get("TESSERA_WORKERS", "")
 TESSERA_WORKER_TOKEN = os.environ.get("TESSERA_WORKER_TOKEN", "")
 # Seconds between polls of each worker's /ready and /v1/models.
 TESSERA_WORKER_POLL_SECONDS = float(os.environ.get("TESSERA_WORKER_POLL_SECONDS", "2"))
+# How the gateway picks among ready workers (controlplane/gateway/workers.py): cache_aware (the longest
+# tenant-salted prefix it sent there recently, against load), affinity, least_loaded or round_robin.
+TESSERA_ROUTING_POLICY = os.environ.get("TESSERA_ROUTING_POLICY", "cache_aware")
+# cache_aware's memory of one worker's cache, in 128-character chunks (~32 tokens): size it like the
+# workers' KV caches (the default: 256 MiB of SmolLM2-135M cache) so it forgets what they evict.
+TESSERA_ROUTING_CACHE_CHUNKS = int(os.environ.get("TESSERA_ROUTING_CACHE_CHUNKS", "360"))
 # Upstream timeouts: connect (a failure here is retried on another worker) and per-read.
 TESSERA_UPSTREAM_CONNECT_TIMEOUT = float(os.environ.get("TESSERA_UPSTREAM_CONNECT_TIMEOUT", "2"))
 TESSERA_UPSTREAM_READ_TIMEOUT = float(os.environ.get("TESSERA_UPSTREAM_READ_TIMEOUT", "300"))
