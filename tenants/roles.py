@@ -24,7 +24,7 @@ ROLES = (OPERATOR, FINANCE)
 # The audit log's model has only a view permission (controlplane/audit/models.py), so operators
 # may read it and nobody may change or delete it.
 # axes: operators see sign-in failures and unlock by deleting access attempts (controlplane/doors).
-OPERATOR_APPS = ("tenants", "billing", "deployments", "slo", "audit", "axes")
+OPERATOR_APPS = ("tenants", "billing", "deployments", "slo", "audit", "axes", "batches")
 # Finance: view-only. The admin shows these read-only; nothing here can add, change or delete.
 FINANCE_PERMISSIONS = (
     ("billing", "view_price"),
