@@ -132,6 +132,13 @@ class SchedulerConfig:
     # are neither admitted nor stepped; their KV blocks stay (they resume where they were), and a seat
     # or blocks an online request needs are taken from them by preemption as usual (None: no background).
     background_priority: int | None = None
+    # Fair sharing between tenants of one priority (scheduler/fairness.py, VTC): a tier's waiting
+    # requests are admitted least-served tenant first, service counted as input_weight per prompt token
+    # computed + output_weight per token generated, over the tenant's weight. On by default: with one
+    # tenant per tier the order is exactly FCFS, so it only changes anything when tenants compete.
+    fair_share: bool = True
+    fair_share_input_weight: float = 1.0
+    fair_share_output_weight: float = 2.0  # the paper's choice: a decode step costs more than a prefill token
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -154,6 +161,11 @@ class SchedulerConfig:
             raise ValueError(f"itl_guard_step_tokens: must be >= 1 or None, got {self.itl_guard_step_tokens}")
         if self.itl_guard_step_ms is not None and not self.itl_guard_step_ms > 0:
             raise ValueError(f"itl_guard_step_ms: must be > 0 or None, got {self.itl_guard_step_ms}")
+        for name in ("fair_share_input_weight", "fair_share_output_weight"):
+            w = getattr(self, name)
+            if not isinstance(w, int | float) or not 0 <= w < float("inf") or (
+                    name == "fair_share_output_weight" and w == 0 == self.fair_share_input_weight):
+                raise ValueError(f"{name}: must be a finite number >= 0 (not both 0), got {w!r}")
 
 
 @dataclass(slots=True)

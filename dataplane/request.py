@@ -54,6 +54,8 @@ class Request:
     cache_salt: str | None = None  # tenants share prefix-cache blocks only when they share a salt
     adapter: str | None = None  # LoRA adapter name; part of every block hash
     wait_for: Request | None = None  # an n>1 sibling whose prompt blocks this one reuses
+    tenant: str | None = None  # fair-share key (the gateway's X-Tenant-Id); None: the anonymous bucket
+    tenant_weight: float = 1.0  # the tenant's share of its tier under fair sharing (scheduler/fairness.py)
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)  # prompt + output, appended in place
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
@@ -65,6 +67,8 @@ class Request:
     prompt_logprobs: list = field(default_factory=list)  # TokenLogprobs of prompt positions 1, 2, ... so far
     times: RequestTimes = field(default_factory=lambda: RequestTimes(arrival=time.monotonic()))
     seq: int = 0  # arrival order, breaks ties among equal priorities
+    # aging counts from here (None: arrival); fair sharing hands a tier's ages to the requests it puts first
+    aged_from: float | None = None
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
@@ -94,4 +98,5 @@ class Request:
 
     def effective_priority(self, now: float, aging_seconds: float) -> int:
         """Priority improved by one level per `aging_seconds` waited since arrival, so nothing starves."""
-        return self.priority - int((now - self.times.arrival) / aging_seconds)
+        start = self.times.arrival if self.aged_from is None else self.aged_from
+        return self.priority - int((now - start) / aging_seconds)

@@ -22,6 +22,7 @@ from dataplane.lora.manager import AdapterInfo, LoRAStats
 from dataplane.models.loader import LoadedModel
 from dataplane.outputs import RequestOutput
 from dataplane.sampling_params import SamplingParams
+from dataplane.scheduler.fairness import assign_tenant
 from dataplane.scheduler.scheduler import QueueFullError
 from dataplane.stats import SchedulerStats
 from dataplane.structured.backend import DEFAULT_COMPILE_TIMEOUT
@@ -66,7 +67,8 @@ class AsyncLLM:
         cc = {k: kwargs.pop(k) for k in ("block_size", "kv_cache_memory", "enable_prefix_caching") if k in kwargs}
         sc = {k: kwargs.pop(k) for k in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "aging_seconds",
                                          "long_prefill_token_threshold", "itl_guard_priority", "itl_guard_tokens", "itl_guard_seqs",
-                                         "itl_guard_step_tokens", "itl_guard_step_ms", "background_priority")
+                                         "itl_guard_step_tokens", "itl_guard_step_ms", "background_priority",
+                                         "fair_share")
               if k in kwargs}
         lc = {k: kwargs.pop(k) for k in ("max_loras", "max_lora_rank", "max_cpu_loras") if k in kwargs}
         lora = LoRAConfig(**lc) if kwargs.pop("enable_lora", False) else None
@@ -80,6 +82,7 @@ class AsyncLLM:
 
     async def generate(self, prompt: PromptInput, params: SamplingParams, *, request_id: str | None = None,
                        priority: int = 0, cache_salt: str | None = None, adapter: str | None = None,
+                       tenant: str | None = None, tenant_weight: float = 1.0,
                        ) -> AsyncIterator[RequestOutput]:
         """Yield deltas (new text, token ids, logprobs per completion) until the request finishes.
 
@@ -93,6 +96,7 @@ class AsyncLLM:
             await asyncio.to_thread(self.core.structured.compile, params.structured)
         rid, text, children = self.core.make_requests(prompt, params, request_id=request_id or uuid.uuid4().hex,
                                                       priority=priority, cache_salt=cache_salt, adapter=adapter)
+        assign_tenant(children, tenant, tenant_weight)  # fair sharing within the priority (scheduler/fairness.py)
         limit = self.core.scheduler.config.max_waiting
         if limit is not None and len(self.core.scheduler.waiting) + len(children) > limit:
             raise QueueFullError(f"{len(self.core.scheduler.waiting)} requests are waiting (limit {limit})")

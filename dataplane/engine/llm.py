@@ -13,6 +13,7 @@ from dataplane.lora.manager import AdapterInfo
 from dataplane.models.loader import LoadedModel
 from dataplane.outputs import RequestOutput
 from dataplane.sampling_params import SamplingParams
+from dataplane.scheduler.fairness import assign_tenant
 from dataplane.structured.backend import DEFAULT_COMPILE_TIMEOUT
 
 
@@ -24,7 +25,7 @@ class LLM:
                  long_prefill_token_threshold: int = 0, aging_seconds: float = 10.0,
                  itl_guard_priority: int | None = None, itl_guard_tokens: int = 32, itl_guard_seqs: int | None = None,
                  itl_guard_step_tokens: int | None = None, itl_guard_step_ms: float | None = None,
-                 background_priority: int | None = None,
+                 background_priority: int | None = None, fair_share: bool = True,
                  quantization: str | None = None, quantize_lm_head: bool = False, int4_dense_above: int = 0,
                  enable_lora: bool = False, max_loras: int = 4, max_lora_rank: int = 16,
                  max_cpu_loras: int | None = None,
@@ -42,7 +43,8 @@ class LLM:
                             long_prefill_token_threshold=long_prefill_token_threshold, aging_seconds=aging_seconds,
                             itl_guard_priority=itl_guard_priority, itl_guard_tokens=itl_guard_tokens,
                             itl_guard_seqs=itl_guard_seqs, itl_guard_step_tokens=itl_guard_step_tokens,
-                            itl_guard_step_ms=itl_guard_step_ms, background_priority=background_priority),
+                            itl_guard_step_ms=itl_guard_step_ms, background_priority=background_priority,
+                            fair_share=fair_share),
             progress=progress,
             preloaded=preloaded,
             lora_config=lora,
@@ -53,10 +55,12 @@ class LLM:
     def generate(self, prompts: PromptInput | Sequence[PromptInput],
                  params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                  priorities: Sequence[int] | None = None, cache_salts: Sequence[str | None] | None = None,
-                 adapters: Sequence[str | None] | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
+                 adapters: Sequence[str | None] | None = None, tenants: Sequence[str | None] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
         """Run prompts (strings or token-id lists) to completion; one RequestOutput per prompt, in order.
 
         adapters: a LoRA adapter name (see add_adapter) or None for the base model, per prompt.
+        tenants: whose each prompt is, for fair sharing within a priority (None: the anonymous bucket).
         """
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -65,7 +69,8 @@ class LLM:
         param_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(param_list) != len(prompts):
             raise ValueError(f"params: got {len(param_list)} SamplingParams for {len(prompts)} prompts")
-        for name, seq in (("priorities", priorities), ("cache_salts", cache_salts), ("adapters", adapters)):
+        for name, seq in (("priorities", priorities), ("cache_salts", cache_salts), ("adapters", adapters),
+                          ("tenants", tenants)):
             if seq is not None and len(seq) != len(prompts):
                 raise ValueError(f"{name}: got {len(seq)} values for {len(prompts)} prompts")
         # Validate everything before queueing anything: one bad prompt refuses the whole call.
@@ -73,7 +78,8 @@ class LLM:
                                          cache_salt=cache_salts[i] if cache_salts else None,
                                          adapter=adapters[i] if adapters else None)
                  for i, (p, sp) in enumerate(zip(prompts, param_list, strict=True))]
-        for rid, text, children in built:
+        for i, (rid, text, children) in enumerate(built):
+            assign_tenant(children, tenants[i] if tenants else None)
             self.core.add(rid, text, children)
         return self._run([rid for rid, _, _ in built], use_tqdm)
 

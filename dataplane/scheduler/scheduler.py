@@ -15,6 +15,7 @@ from dataplane.config import SchedulerConfig
 from dataplane.kv_cache.manager import KVCacheManager
 from dataplane.lora.fairness import AdapterAdmission
 from dataplane.request import Request, RequestStatus
+from dataplane.scheduler.fairness import VirtualTokenCounter
 from dataplane.scheduler.output import (
     CachedRequestData,
     EngineCoreOutput,
@@ -53,6 +54,9 @@ class Scheduler:
         self._protected_waiting = False  # a protected request is waiting this step (first claim on the cap)
         self._online_present = False  # a request below background_priority is in the engine this step
         self.step_cost = StepCostModel()  # step time against tokens, for itl_guard_step_ms
+        # tenants' service counters: the order of a tier's waiting requests (None: FCFS within a tier)
+        self.fair = VirtualTokenCounter(config.fair_share_input_weight, config.fair_share_output_weight) \
+            if config.fair_share else None
         self.num_preemptions = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
@@ -237,7 +241,11 @@ class Scheduler:
             self._step_prefill_left -= n
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float, rank) -> int:  # noqa: ANN001
-        self.waiting.sort(key=rank)
+        if self.fair is None:
+            self.waiting.sort(key=rank)
+        else:
+            self.fair.observe(self.waiting + self.running)
+            self.waiting[:] = self.fair.order(self.waiting, rank)
         loras = None if self.max_loras is None else AdapterAdmission(self.max_loras, self.running, self._lora_retiring,
                                                                      self.waiting)
         i = 0
@@ -303,6 +311,8 @@ class Scheduler:
         victim = max(self.running, key=lambda r: (r.effective_priority(now, aging), r.seq))
         if victim.effective_priority(now, aging) <= req.effective_priority(now, aging):
             return False
+        if self.fair is not None and victim.priority == req.priority and victim.tenant != req.tenant:
+            return False  # within a tier fairness chose who runs: aging must not undo it by preemption
         self._preempt(victim, out)
         return True
 
@@ -332,8 +342,10 @@ class Scheduler:
                 self._finish(req, RequestStatus.FINISHED_ERROR, forget=True)
                 outputs.append(EngineCoreOutput(rid, [], None, "error", error=result.failed_request_ids[rid]))
                 continue
-            self.prompt_tokens += max(0, min(req.num_computed_tokens + n, req.num_prompt_tokens)
-                                      - req.num_computed_tokens)
+            prompt_part = max(0, min(req.num_computed_tokens + n, req.num_prompt_tokens) - req.num_computed_tokens)
+            self.prompt_tokens += prompt_part
+            if self.fair is not None:
+                self.fair.charge(req, prompt_part, 0)
             self._add_prompt_logprobs(req, result.prompt_logprobs.get(rid))
             req.num_computed_tokens += n
             if req.sampling_params.max_tokens == 0 and req.num_computed_tokens >= req.num_prompt_tokens:
@@ -354,6 +366,8 @@ class Scheduler:
                 if status is not None:
                     break
             self.generation_tokens += len(accepted)
+            if self.fair is not None:
+                self.fair.charge(req, 0, len(accepted))
             if req.times.first_token is None:
                 req.times.first_token = now
             req.times.last_token = now

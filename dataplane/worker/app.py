@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from dataplane.scheduler.fairness import MAX_WEIGHT
 from dataplane.worker import adapters, embeddings, errors, usage_route
 from dataplane.worker.drain import Draining
 from dataplane.worker.run import RequestContext
@@ -73,7 +74,8 @@ def create_app(state: WorkerState) -> Starlette:
                 job = serving.prepare_chat(raw, allowance) if kind == "chat" else serving.prepare_completion(raw, allowance)
             ctx = RequestContext(rid, request.headers.get("x-tenant-id"), _header_int(request, "x-priority"),
                                  request.headers.get("x-cache-salt") or None, request.receive, started,
-                                 accounting=request.headers.get("x-tessera-accounting") == "1")
+                                 accounting=request.headers.get("x-tessera-accounting") == "1",
+                                 tenant_weight=_tenant_weight(request))
             response = await (embeddings.run(serving, job, ctx) if kind == "embeddings" else serving.run(job, ctx))
         except Draining:
             response = errors.unavailable("This worker is draining; send the request elsewhere.",
@@ -173,6 +175,21 @@ def _header_int(request: Request, name: str) -> int | None:
         return int(raw)
     except ValueError:
         raise errors.invalid(f"{name}: must be an integer, got {raw!r}", None, "invalid_header") from None
+
+
+def _tenant_weight(request: Request) -> float:
+    """X-Tenant-Weight: the tenant's tier's fair-share weight (dataplane/scheduler/fairness.py); 1 if absent."""
+    raw = request.headers.get("x-tenant-weight")
+    if not raw:
+        return 1.0
+    try:
+        weight = float(raw)
+    except ValueError:
+        weight = -1.0
+    if not 0 < weight <= MAX_WEIGHT:  # NaN fails too
+        raise errors.invalid(f"x-tenant-weight: must be a number in (0, {MAX_WEIGHT:g}], got {raw!r}", None,
+                             "invalid_header")
+    return weight
 
 
 def _allowance(request: Request) -> int | None:

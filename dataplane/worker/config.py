@@ -53,6 +53,9 @@ class WorkerConfig:
     # Requests at this priority or past it (the Batch API's lines: TESSERA_BATCH_PRIORITY, 1000) run only
     # in steps online requests leave (dataplane/config.py SchedulerConfig.background_priority; empty: off)
     background_priority: int | None = None
+    # Fair sharing between the tenants (X-Tenant-Id, X-Tenant-Weight) of one priority: least-served first
+    # (dataplane/scheduler/fairness.py); --no-fair-share: first come, first served within a priority
+    fair_share: bool = True
     # LoRA adapters (dataplane/lora); loaded at run time through POST /v1/adapters
     enable_lora: bool = False
     max_loras: int = 4  # adapters in device slots at once (distinct adapters per step)
@@ -152,6 +155,7 @@ class WorkerConfig:
             "itl_guard_priority": self.itl_guard_priority, "itl_guard_tokens": self.itl_guard_tokens,
             "itl_guard_seqs": self.itl_guard_seqs, "itl_guard_step_tokens": self.itl_guard_step_tokens,
             "itl_guard_step_ms": self.itl_guard_step_ms, "background_priority": self.background_priority,
+            "fair_share": self.fair_share,
             "grammar_compile_timeout": self.grammar_compile_timeout or None,
             **({"enable_lora": True, "max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank,
                 "max_cpu_loras": self.max_cpu_loras} if self.enable_lora else {}),

@@ -37,6 +37,7 @@ class RequestContext:
     receive: Receive  # the ASGI channel, watched for the client's disconnect
     started: float  # time.monotonic() when the request was accepted
     accounting: bool = False  # X-Tessera-Accounting: 1 — open each stream event with the cumulative counts
+    tenant_weight: float = 1.0  # X-Tenant-Weight: the tenant's share of its priority (fair sharing by `tenant`)
 
 
 @dataclass(slots=True)

@@ -148,7 +148,7 @@ class Serving:
         ids = [self._claim(ctx.request_id if len(job.prompts) == 1 else f"{ctx.request_id}-{i}")
                for i in range(len(job.prompts))]
         gens = [self.engine.generate(p, job.params, request_id=rid, priority=priority, cache_salt=ctx.cache_salt,
-                                     adapter=job.adapter)
+                                     adapter=job.adapter, tenant=ctx.tenant, tenant_weight=ctx.tenant_weight)
                 for p, rid in zip(job.prompts, ids, strict=True)]
         merged = _merge(gens, usage)
         try:

@@ -42,6 +42,8 @@ class Call:
     request_id: str
     priority: int
     cache_salt: str | None
+    tenant: str | None = None
+    tenant_weight: float = 1.0
 
 
 @dataclass
@@ -68,10 +70,11 @@ class FakeEngine:
         self.alive = False
 
     async def generate(self, prompt, params: SamplingParams, *, request_id: str, priority: int = 0,
-                       cache_salt: str | None = None, adapter: str | None = None):
+                       cache_salt: str | None = None, adapter: str | None = None, tenant: str | None = None,
+                       tenant_weight: float = 1.0):
         if params.temperature < 0:
             raise ValueError(f"temperature: must be >= 0, got {params.temperature}")
-        self.calls.append(Call(list(prompt), params, request_id, priority, cache_salt))
+        self.calls.append(Call(list(prompt), params, request_id, priority, cache_salt, tenant, tenant_weight))
         finished = False
         try:
             if self.fail is not None:
