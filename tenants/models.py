@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -23,6 +24,10 @@ class Tier(models.Model):
     description = models.CharField(max_length=200, blank=True)
     # Scheduler priority handed to workers as X-Priority: lower runs first.
     priority = models.PositiveSmallIntegerField(default=10)
+    # Share of its priority level each tenant of this tier gets when tenants compete (X-Tenant-Weight;
+    # dataplane/scheduler/fairness.py): weight 2 is served twice the tokens of weight 1 under load.
+    fair_share_weight = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(1000)])
     # Every limit below: NULL means unlimited.
     requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
     tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
@@ -43,6 +48,10 @@ class Tier(models.Model):
 
     class Meta:
         ordering = ["priority", "name"]
+        constraints = [  # a weight of 0 would make workers refuse every request of the tier
+            models.CheckConstraint(condition=models.Q(fair_share_weight__gte=1, fair_share_weight__lte=1000),
+                                   name="tier_fair_share_weight_range"),
+        ]
 
     def __str__(self) -> str:
         return self.name

@@ -31,6 +31,7 @@ def tenant_limits(*, tenant: Tenant) -> TenantLimits:
         slo_ttft_p95_ms=tier.slo_ttft_p95_ms,
         slo_itl_p95_ms=tier.slo_itl_p95_ms,
         slo_availability_pct=tier.slo_availability_pct,
+        fair_share_weight=tier.fair_share_weight,
     )
 
 

@@ -41,6 +41,7 @@ TIER_FIELDS = (
     "slo_ttft_p95_ms",
     "slo_itl_p95_ms",
     "slo_availability_pct",
+    "fair_share_weight",
 )
 
 

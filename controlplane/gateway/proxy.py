@@ -167,6 +167,7 @@ async def open_upstream(
         "X-Request-Id": request_id,
         "X-Tenant-Id": principal.tenant_slug,
         "X-Priority": str(principal.limits.priority),
+        "X-Tenant-Weight": str(principal.limits.fair_share_weight),  # the tier's share of its priority
         "X-Cache-Salt": principal.cache_salt,
         "X-Tessera-Accounting": "1",  # its cumulative counts on every stream event
         **upstream.worker_auth_headers(),

@@ -39,6 +39,7 @@ class TenantLimits:
     slo_ttft_p95_ms: int | None
     slo_itl_p95_ms: int | None
     slo_availability_pct: Decimal | None = None
+    fair_share_weight: int = 1  # the tier's share among tenants of one priority, handed to workers
 
 
 NANO = Decimal("1e9")  # spend is tracked in integer billionths of the currency unit
