@@ -148,12 +148,14 @@ class Renderer:
 
     def _auto_chunks(self, c: Choice, text: str, entries: list[TokenLogprobs] | None, finish_reason: str | None
                      ) -> list[dict[str, Any]]:
-        """Content as it comes; each call, once complete, as OpenAI streams one: its id and name
-        (arguments ""), then its arguments."""
+        """Content as it comes; each call as OpenAI streams one: its id and name (arguments ""), then
+        its arguments: in pieces as the model writes them while a grammar holds calls to the tools'
+        schemas (tool_parsers/stream.py), else whole once the call is complete and parses."""
         tools = self.tools
         assert tools is not None and tools.parser is not None
         if c.tool_stream is None:
-            c.tool_stream = ToolStream(tools.parser, tools.by_name, tools.parallel)
+            c.tool_stream = ToolStream(tools.parser, tools.by_name, tools.parallel,
+                                       incremental=tools.constrained and tools.parser.constrainable)
         stream = c.tool_stream
         events = stream.feed(text) if text else []
         if finish_reason is not None:
@@ -166,9 +168,20 @@ class Renderer:
                 else:
                     deltas.append({"content": value})
                 continue
+            if kind == "arguments":  # the open call's next piece (incremental)
+                tail = deltas[-1]["tool_calls"][0]["function"] if deltas and "tool_calls" in deltas[-1] else None
+                if tail is not None and "name" not in tail:
+                    tail["arguments"] += value
+                else:
+                    deltas.append({"tool_calls": [{"index": c.num_calls - 1, "function": {"arguments": value}}]})
+                continue
             k = c.num_calls
             c.num_calls += 1
             fn = value["function"]
+            if kind == "call_open":
+                deltas.append({"tool_calls": [{"index": k, "id": value["id"], "type": "function",
+                                               "function": {"name": fn["name"], "arguments": ""}}]})
+                continue
             deltas.append({"tool_calls": [{"index": k, "id": value["id"], "type": "function",
                                            "function": {"name": fn["name"], "arguments": ""}}]})
             deltas.append({"tool_calls": [{"index": k, "function": {"arguments": fn["arguments"]}}]})

@@ -9,6 +9,7 @@ Anything that does not parse as a call of a given tool comes back as content, ne
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,8 @@ class ToolParser:
     closes = ""  # tagged: the text that closes it
     constrainable = False  # constraint() gives a grammar
     prefixes: tuple[str, ...] = ()  # whole: other openings that also mean calls
+    # tagged: the call's head up to where its arguments' JSON starts, group 1 the name (incremental streaming)
+    arguments_head: re.Pattern[str] | None = None
 
     def parse_calls(self, text: str, tools: dict[str, ToolSpec]) -> list[dict[str, Any]] | None:
         """`text` (a whole answer, or one tag's inside) as calls of `tools`; None if it is not."""

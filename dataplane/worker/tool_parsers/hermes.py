@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from dataplane.worker.tool_parsers.base import ToolParser, ToolSpec, call
@@ -15,6 +16,7 @@ class HermesParser(ToolParser):
     opens = "<tool_call>"
     closes = "</tool_call>"
     constrainable = True
+    arguments_head = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:\s*(?=\S)')
 
     def parse_calls(self, text: str, tools: dict[str, ToolSpec]) -> list[dict[str, Any]] | None:
         try:

@@ -85,3 +85,38 @@ def test_streamed_botched_call_is_content_and_stop():
     chunks = _streamed(botched, 4)
     assert "".join(c["delta"].get("content") or "" for c in chunks) == botched
     assert not any("tool_calls" in c["delta"] for c in chunks) and chunks[-1]["finish_reason"] == "stop"
+
+
+def test_streamed_constrained_call_sends_its_arguments_in_pieces_as_they_are_written():
+    """Under the grammar (the default) a call is a call once opened: its id and name go out at its head,
+    then its arguments piece by piece, joining to exactly the JSON text the model wrote."""
+    nested = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "when": {"day": 1}}}\n</tool_call>'
+    chunks = _streamed(nested, 3)
+    calls = [tc for c in chunks for tc in c["delta"].get("tool_calls", [])]
+    assert "id" in calls[0] and calls[0]["function"] == {"name": "get_weather", "arguments": ""}
+    pieces = [tc["function"]["arguments"] for tc in calls[1:]]
+    assert len(pieces) > 5 and all(pieces) and all(tc["index"] == 0 and "id" not in tc for tc in calls[1:])
+    assert "".join(pieces) == '{"city": "Paris", "when": {"day": 1}}'
+    assert json.loads("".join(pieces)) == {"city": "Paris", "when": {"day": 1}}
+    assert chunks[-1]["finish_reason"] == "tool_calls"
+
+
+def test_streamed_constrained_call_cut_by_max_tokens_keeps_what_was_written_and_says_length():
+    chunks = _streamed(CALL[:55], 4, reason="length")
+    calls = [tc for c in chunks for tc in c["delta"].get("tool_calls", [])]
+    assert calls[0]["function"]["name"] == "get_weather"
+    assert "".join(tc["function"]["arguments"] for tc in calls) == CALL[CALL.index("{\"city"):55]
+    assert not "".join(c["delta"].get("content") or "" for c in chunks)  # never both a call and its text
+    assert chunks[-1]["finish_reason"] == "length"
+
+
+def test_unconstrained_streams_a_call_whole_once_it_parses():
+    mode = parse_tools([WEATHER], None, True, get_parser("hermes"), constrained=False)
+    tok = SimpleNamespace(backend=SimpleNamespace(decoder=None), decode=lambda ids, **_: "", id_to_token=str)
+    r, c = Renderer(chat=True, response_id="c", created=0, model="m", include_usage=False, logprobs=False,
+                    text=TokenText(tok), tools=mode), Choice(0)
+    out = []
+    for i in range(0, len(CALL), 3):
+        out += r.chunks(c, CALL[i:i + 3], None, "stop" if i + 3 >= len(CALL) else None)
+    calls = [tc for ch in out for tc in ch["delta"].get("tool_calls", [])]
+    assert [tc["function"]["arguments"] for tc in calls] == ["", '{"city": "Paris"}']  # head, then all at once
