@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dataplane.spec_decode.config import SpeculativeConfig
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
           "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
@@ -132,6 +134,9 @@ class SchedulerConfig:
     # are neither admitted nor stepped; their KV blocks stay (they resume where they were), and a seat
     # or blocks an online request needs are taken from them by preemption as usual (None: no background).
     background_priority: int | None = None
+    # Prompt-lookup speculative decoding (dataplane/spec_decode): drafts per step, the running-batch
+    # size past which no proposals are made, the n-gram lengths looked up.
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     # Fair sharing between tenants of one priority (scheduler/fairness.py, VTC): a tier's waiting
     # requests are admitted least-served tenant first, service counted as input_weight per prompt token
     # computed + output_weight per token generated, over the tenant's weight. On by default: with one

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dataplane.spec_decode.config import MAX_DRAFT_TOKENS
 from dataplane.structured.params import StructuredOutputs
 
 # Per-request limits that keep one request from slowing its batch mates (the stop search runs on the
@@ -40,6 +41,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # each prompt token's logprob (the first has none) and this many alternatives
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Prompt-lookup speculative decoding (dataplane/spec_decode): up to this many n-gram draft tokens per
+    # step, verified in the same forward pass; None: the engine's default; 0: never for this request.
+    speculative_tokens: int | None = None
     structured: StructuredOutputs | None = None  # constrain the output (JSON schema, regex, ...)
     logit_bias: dict[int, float] | None = None  # OpenAI's: token id -> added to its logit, in [-100, 100]
     # Embeddings: "last" | "mean" pools the prompt's final hidden states (after the final norm, L2-normalized)
@@ -100,6 +104,11 @@ class SamplingParams:
             raise ValueError(f"prompt_logprobs: must be an integer between 0 and 20, got {self.prompt_logprobs!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed: must be an integer, got {self.seed!r}")
+        if self.speculative_tokens is not None and (
+                isinstance(self.speculative_tokens, bool) or not isinstance(self.speculative_tokens, int)
+                or not 0 <= self.speculative_tokens <= MAX_DRAFT_TOKENS):
+            raise ValueError(f"speculative_tokens: must be an integer in [0, {MAX_DRAFT_TOKENS}], "
+                             f"got {self.speculative_tokens!r}")
         if self.logit_bias:
             if not isinstance(self.logit_bias, dict):
                 raise ValueError("logit_bias: must map token ids to biases")

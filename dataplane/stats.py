@@ -18,3 +18,6 @@ class SchedulerStats:
     num_blocks: int  # KV blocks in the pool
     num_free_blocks: int  # blocks neither in use nor held by a live request
     num_paused: int = 0  # background requests (running, blocks held) sitting out while online work runs
+    spec_num_drafts: int = 0  # cumulative: verify steps with at least one draft token (speculative decoding)
+    spec_num_draft_tokens: int = 0  # cumulative draft tokens proposed
+    spec_num_accepted_tokens: int = 0  # cumulative draft tokens the model agreed with

@@ -24,6 +24,7 @@ from dataplane.outputs import RequestOutput
 from dataplane.sampling_params import SamplingParams
 from dataplane.scheduler.fairness import assign_tenant
 from dataplane.scheduler.scheduler import QueueFullError
+from dataplane.spec_decode.config import SpeculativeConfig
 from dataplane.stats import SchedulerStats
 from dataplane.structured.backend import DEFAULT_COMPILE_TIMEOUT
 
@@ -70,6 +71,7 @@ class AsyncLLM:
                                          "itl_guard_step_tokens", "itl_guard_step_ms", "background_priority",
                                          "fair_share")
               if k in kwargs}
+        sc["speculative"] = SpeculativeConfig.pop_from(kwargs)
         lc = {k: kwargs.pop(k) for k in ("max_loras", "max_lora_rank", "max_cpu_loras") if k in kwargs}
         lora = LoRAConfig(**lc) if kwargs.pop("enable_lora", False) else None
         return cls(ModelConfig(model=model, **mc), CacheConfig(**cc), SchedulerConfig(**sc), lora_config=lora,

@@ -14,6 +14,7 @@ from dataplane.models.loader import LoadedModel
 from dataplane.outputs import RequestOutput
 from dataplane.sampling_params import SamplingParams
 from dataplane.scheduler.fairness import assign_tenant
+from dataplane.spec_decode.config import SpeculativeConfig
 from dataplane.structured.backend import DEFAULT_COMPILE_TIMEOUT
 
 
@@ -29,6 +30,8 @@ class LLM:
                  quantization: str | None = None, quantize_lm_head: bool = False, int4_dense_above: int = 0,
                  enable_lora: bool = False, max_loras: int = 4, max_lora_rank: int = 16,
                  max_cpu_loras: int | None = None,
+                 speculative_ngram_tokens: int = 0, speculative_max_running: int = 4, prompt_lookup_min: int = 2,
+                 prompt_lookup_max: int = 4,
                  grammar_compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT,
                  progress: bool = False, preloaded: LoadedModel | None = None) -> None:
         lora = LoRAConfig(max_loras=max_loras, max_lora_rank=max_lora_rank,
@@ -43,7 +46,10 @@ class LLM:
                             long_prefill_token_threshold=long_prefill_token_threshold, aging_seconds=aging_seconds,
                             itl_guard_priority=itl_guard_priority, itl_guard_tokens=itl_guard_tokens,
                             itl_guard_seqs=itl_guard_seqs, itl_guard_step_tokens=itl_guard_step_tokens,
-                            itl_guard_step_ms=itl_guard_step_ms, background_priority=background_priority,
+                            itl_guard_step_ms=itl_guard_step_ms,
+                            speculative=SpeculativeConfig(speculative_ngram_tokens, speculative_max_running,
+                                                          prompt_lookup_min, prompt_lookup_max),
+                            background_priority=background_priority,
                             fair_share=fair_share),
             progress=progress,
             preloaded=preloaded,

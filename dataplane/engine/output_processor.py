@@ -39,6 +39,19 @@ class _Parent:
         return all(c.finish_reason is not None for c in self.completions)
 
 
+def _add_tokens(detok: IncrementalDetokenizer, token_ids: list[int]) -> str | None:
+    """Several tokens at once (an accepted speculative run) are fed one by one when stop strings are
+    set: the output ends at the token that completed one, as it would have without speculation, and
+    the tokens after it are neither kept nor counted."""
+    if detok.matcher is None or len(token_ids) == 1:
+        return detok.add_tokens(token_ids)
+    for tok in token_ids:
+        stop = detok.add_tokens([tok])
+        if stop is not None:
+            return stop
+    return None
+
+
 class OutputProcessor:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -70,13 +83,14 @@ class OutputProcessor:
             parent, c = entry
             if c.finish_reason is not None:
                 continue
-            stop_str = c.detok.add_tokens(o.new_token_ids) if o.new_token_ids else None
+            stop_str = _add_tokens(c.detok, o.new_token_ids) if o.new_token_ids else None
             if o.prompt_logprobs is not None and parent.prompt_logprobs is None:
                 parent.prompt_logprobs = [None, *o.prompt_logprobs]
             if o.embedding is not None:
                 parent.embedding = o.embedding
             if o.new_logprobs and c.logprobs is not None:
-                c.logprobs.extend(o.new_logprobs)
+                # one per token kept: a stop string inside a speculative run drops the tokens after it
+                c.logprobs.extend(o.new_logprobs[: len(c.detok.token_ids) - len(c.logprobs)])
             if stop_str is not None:
                 c.finish_reason, c.stop_reason = "stop", stop_str
                 if o.finish_reason is None:

@@ -20,7 +20,8 @@ from dataplane.runner.pooling import PoolSpan, pool, pool_span
 from dataplane.runner.prompt_logprobs import prompt_logprobs
 from dataplane.sampling.sampler import Sampler, SamplingRow
 from dataplane.sampling_params import SamplingParams
-from dataplane.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from dataplane.scheduler.output import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from dataplane.spec_decode.verify import accepted_tokens
 from dataplane.structured.backend import GrammarBackend, Matcher
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ class ModelRunner:
         decodes = sorted((rid for rid, n in sched.items() if n == 1),
                          key=lambda rid: self.states[rid].num_computed_tokens)
         prefills = [rid for rid, n in sched.items() if n > 1]
+        spec = out.spec_token_ids  # speculating requests: their last known token + drafts run as one chunk
         order = decodes + prefills
 
         input_ids: list[int] = []
@@ -105,14 +107,18 @@ class ModelRunner:
             n = sched[rid]
             start = st.num_computed_tokens
             row0 = len(input_ids)
-            input_ids.extend(st.token_ids[start : start + n])
+            drafts = spec.get(rid)
+            input_ids.extend(st.token_ids[start : start + n] if drafts is None else [st.token_ids[start], *drafts])
             pos = range(start, start + n)
             positions.extend(pos)
             table = st.block_ids
             slots.extend(table[p // bs] * bs + p % bs for p in pos)
             if n > 1:
                 chunks.append((row0, row0 + n, start, table[: -(-(start + n) // bs)]))
-            if start + n == len(st.token_ids) and st.params.max_tokens:  # the chunk reaches the end: sample
+            if drafts is not None:  # a draft verification: every row samples (spec_decode/verify.py)
+                logits_rows.extend(range(row0, row0 + n))
+                sampled.extend([rid] * n)
+            elif start + n == len(st.token_ids) and st.params.max_tokens:  # the chunk reaches the end: sample
                 logits_rows.append(row0 + n - 1)
                 sampled.append(rid)
             if st.params.prompt_logprobs is not None and start < st.num_prompt_tokens - 1:
@@ -159,11 +165,16 @@ class ModelRunner:
         if not sampled:
             return result
         rows = []
+        seen: dict[str, int] = {}
         for rid in sampled:
             st = self.states[rid]
-            rows.append(SamplingRow(st.params, st.token_ids, st.num_prompt_tokens))
+            j = seen[rid] = seen.get(rid, -1) + 1  # a verification's j-th row follows its first j drafts
+            rows.append(SamplingRow(st.params, st.token_ids + spec[rid][:j] if j else st.token_ids,
+                                    st.num_prompt_tokens))
         constrain = self._finish_masks(masks, result)
         tokens, logprobs = self.sampler(logits.cpu(), rows, constrain)
+        if spec:
+            sampled, tokens, logprobs = self._verify(spec, sampled, tokens, logprobs, result)
         for rid, tok, lp in zip(sampled, tokens, logprobs, strict=True):
             st = self.states[rid]
             if rid in result.failed_request_ids:
@@ -186,6 +197,31 @@ class ModelRunner:
                                       {s.request_id: self.states[s.request_id].num_prompt_tokens for s in spans})
         for rid, total in partial.items():
             self.states[rid].pool_sum = total
+
+    def _verify(self, spec: dict[str, list[int]], sampled: list[str], tokens: list[int],
+                logprobs: list[TokenLogprobs | None], result: ModelRunnerOutput,
+                ) -> tuple[list[str], list[int], list[TokenLogprobs | None]]:
+        """Settle the speculating requests' rows (spec_decode/verify.py); the other rows are returned."""
+        rest: tuple[list[str], list[int], list[TokenLogprobs | None]] = ([], [], [])
+        i = 0
+        while i < len(sampled):
+            rid = sampled[i]
+            drafts = spec.get(rid)
+            if drafts is None:
+                for kept, value in zip(rest, (rid, tokens[i], logprobs[i]), strict=True):
+                    kept.append(value)
+                i += 1
+                continue
+            n = len(drafts) + 1
+            emitted = accepted_tokens(drafts, tokens[i : i + n])
+            st = self.states[rid]
+            st.token_ids.extend(emitted)
+            st.num_computed_tokens -= n - len(emitted)  # rejected drafts' slots: overwritten by the next step
+            result.sampled_token_ids[rid] = emitted
+            if logprobs[i] is not None:
+                result.logprobs[rid] = logprobs[i : i + len(emitted)]
+            i += n
+        return rest
 
     def _begin_masks(self, sampled: list[str]) -> Future | None:
         """Start filling the grammar masks of this step's structured-output rows (None: there are none)."""

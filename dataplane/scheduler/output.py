@@ -37,6 +37,9 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int = 0  # sum of the above, within max_num_batched_tokens
     finished_request_ids: set[str] = field(default_factory=set)  # runner drops these (finished/preempted)
     preempted_request_ids: list[str] = field(default_factory=list)  # preempted this step (recompute later)
+    # Decoding requests that speculate: their n-gram draft tokens, computed after their last known token
+    # (num_scheduled_tokens counts 1 + drafts) and verified against the model's own choices (spec_decode/)
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:

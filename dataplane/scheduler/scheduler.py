@@ -24,6 +24,7 @@ from dataplane.scheduler.output import (
     SchedulerOutput,
 )
 from dataplane.scheduler.step_cost import StepCostModel
+from dataplane.spec_decode.proposer import draft_tokens
 from dataplane.stats import SchedulerStats
 
 # The ITL guard's timed step budget never cuts a step's prefill below this many tokens: a protected
@@ -60,6 +61,9 @@ class Scheduler:
         self.num_preemptions = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.spec_num_drafts = 0  # verify steps that carried drafts (speculative decoding)
+        self.spec_num_draft_tokens = 0
+        self.spec_num_accepted_tokens = 0
 
     # -- admission ---------------------------------------------------------------------------
     def check_admissible(self, request: Request) -> None:
@@ -124,6 +128,9 @@ class Scheduler:
         self._step_prefill_left = self._step_prefill_cap()
         self._online_present = self._any_online()
         self.running.sort(key=rank)
+        # Drafts only while the batch is small: a CPU step's time grows with its tokens, so in a busy batch
+        # k drafts per request cost more than their accepted tokens save (spec_decode/config.py).
+        speculate = len(self.running) <= self.config.speculative.max_running
         for req in list(self.running):
             if budget == 0:
                 break
@@ -134,7 +141,13 @@ class Scheduler:
             n = self._chunk(req.num_tokens - req.num_computed_tokens, budget, req)
             if n == 0:
                 continue  # a guarded prefill waits for a step with guard budget left
-            new = self.kv.allocate_slots(req, n)
+            drafts = draft_tokens(req, budget, self.max_model_len, self.config.speculative) if speculate else []
+            if drafts and self.kv.pool.num_free - self.kv.blocks_needed(len(drafts)) - 1 < len(self.running):
+                drafts = []  # near the cache's end, drafts must not take the blocks other decodes need
+            new = self.kv.allocate_slots(req, n + len(drafts)) if drafts else None
+            if new is None:
+                drafts = []  # a guess never preempts anyone: without room for it, a plain decode
+                new = self.kv.allocate_slots(req, n)
             while new is None:
                 # Out of blocks: recompute-preempt the lowest-priority, latest request not yet
                 # scheduled this step (it may be this one).
@@ -145,6 +158,9 @@ class Scheduler:
                 new = self.kv.allocate_slots(req, n)
             if new is None:
                 break
+            if drafts:
+                out.spec_token_ids[req.request_id] = drafts
+                n += len(drafts)
             out.cached_requests.append(CachedRequestData(req.request_id, [b.block_id for b in new],
                                                          req.num_computed_tokens))
             out.num_scheduled_tokens[req.request_id] = n
@@ -319,6 +335,7 @@ class Scheduler:
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         self.kv.free(req)
         self.running.remove(req)
+        out.spec_token_ids.pop(req.request_id, None)
         if out.num_scheduled_tokens.pop(req.request_id, None) is not None:
             out.cached_requests = [c for c in out.cached_requests if c.request_id != req.request_id]
             out.new_requests = [c for c in out.new_requests if c.request_id != req.request_id]
@@ -347,7 +364,7 @@ class Scheduler:
             if self.fair is not None:
                 self.fair.charge(req, prompt_part, 0)
             self._add_prompt_logprobs(req, result.prompt_logprobs.get(rid))
-            req.num_computed_tokens += n
+            req.num_computed_tokens += n - self._rejected_drafts(out, rid, result)
             if req.sampling_params.max_tokens == 0 and req.num_computed_tokens >= req.num_prompt_tokens:
                 self.running.remove(req)  # a scored prompt: its logprobs are the whole answer
                 self._finish(req, RequestStatus.FINISHED_LENGTH)
@@ -383,6 +400,19 @@ class Scheduler:
                 prompt_logprobs=prompt_lps))
         return outputs
 
+    def _rejected_drafts(self, out: SchedulerOutput, rid: str, result: ModelRunnerOutput) -> int:
+        """Draft tokens the model did not confirm. Their K/V slots were written but are not counted as
+        computed, so the next step overwrites them; their blocks stay the request's (reused next step,
+        freed with it) and are never published to the prefix cache (only blocks of known tokens are)."""
+        drafts = out.spec_token_ids.get(rid)
+        if not drafts:
+            return 0
+        accepted = max(len(result.sampled_token_ids.get(rid) or ()) - 1, 0)  # the last is the model's own
+        self.spec_num_drafts += 1
+        self.spec_num_draft_tokens += len(drafts)
+        self.spec_num_accepted_tokens += accepted
+        return len(drafts) - accepted
+
     @staticmethod
     def _add_prompt_logprobs(req: Request, entries: list | None) -> None:
         """Keep the entries past those already known (a recompute after preemption repeats them)."""
@@ -417,4 +447,5 @@ class Scheduler:
             prefix_cache_queries=pool.queries, prefix_cache_hits=pool.hits,
             num_preemptions=self.num_preemptions, prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generation_tokens, num_blocks=pool.num_blocks, num_free_blocks=pool.num_free,
-            num_paused=self.num_paused)
+            num_paused=self.num_paused, spec_num_drafts=self.spec_num_drafts,
+            spec_num_draft_tokens=self.spec_num_draft_tokens, spec_num_accepted_tokens=self.spec_num_accepted_tokens)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 
 from dataplane.config import LoRAConfig, parse_bytes
 from dataplane.sampling_params import POOLING_TYPES
+from dataplane.spec_decode.config import SpeculativeConfig
 
 ENV_PREFIX = "TESSERA_WORKER_"
 _TRUE = {"1", "true", "yes", "on"}
@@ -56,6 +57,11 @@ class WorkerConfig:
     # Fair sharing between the tenants (X-Tenant-Id, X-Tenant-Weight) of one priority: least-served first
     # (dataplane/scheduler/fairness.py); --no-fair-share: first come, first served within a priority
     fair_share: bool = True
+    # Prompt-lookup speculative decoding (dataplane/spec_decode): n-gram draft tokens per step for requests
+    # that do not say (body `speculative: {"method": "ngram", "num_tokens": k}`); 0: off unless asked.
+    # Proposals stop while more than speculative_max_running requests run (a busy batch gains nothing).
+    speculative_ngram_tokens: int = 0
+    speculative_max_running: int = 4
     # LoRA adapters (dataplane/lora); loaded at run time through POST /v1/adapters
     enable_lora: bool = False
     max_loras: int = 4  # adapters in device slots at once (distinct adapters per step)
@@ -127,6 +133,7 @@ class WorkerConfig:
                              f"got {self.tool_call_parser!r}")
         if self.pooling not in POOLING_TYPES:
             raise ValueError(f"pooling: must be one of {', '.join(POOLING_TYPES)}, got {self.pooling!r}")
+        SpeculativeConfig(self.speculative_ngram_tokens, self.speculative_max_running)
         if self.enable_lora:
             LoRAConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank, max_cpu_loras=self.max_cpu_loras)
         self.log_level = self.log_level.lower()
@@ -156,6 +163,8 @@ class WorkerConfig:
             "itl_guard_seqs": self.itl_guard_seqs, "itl_guard_step_tokens": self.itl_guard_step_tokens,
             "itl_guard_step_ms": self.itl_guard_step_ms, "background_priority": self.background_priority,
             "fair_share": self.fair_share,
+            "speculative_ngram_tokens": self.speculative_ngram_tokens,
+            "speculative_max_running": self.speculative_max_running,
             "grammar_compile_timeout": self.grammar_compile_timeout or None,
             **({"enable_lora": True, "max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank,
                 "max_cpu_loras": self.max_cpu_loras} if self.enable_lora else {}),
@@ -202,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
              "max_cpu_loras": _optional_int, "itl_guard_priority": _optional_int, "itl_guard_tokens": int, "itl_guard_seqs": _optional_int,
              "itl_guard_step_tokens": _optional_int, "itl_guard_step_ms": _optional_float,
              "background_priority": _optional_int,
+             "speculative_ngram_tokens": int, "speculative_max_running": int,
              "threads": _optional_int, "usage_memory_entries": int, "usage_memory_seconds": float,
              "grammar_compile_timeout": float, "max_embedding_inputs": int}
     for f in fields(WorkerConfig):

@@ -56,7 +56,12 @@ class EngineCollector(Collector):
                     ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
                      s and s.prefix_cache_queries),
                     ("prefix_cache_hits", "Prompt tokens found in the prefix cache", s and s.prefix_cache_hits),
-                    ("num_preemptions", "Requests preempted (recomputed later)", s and s.num_preemptions))
+                    ("num_preemptions", "Requests preempted (recomputed later)", s and s.num_preemptions),
+                    ("spec_decode_num_drafts", "Verify steps that carried n-gram draft tokens", s and s.spec_num_drafts),
+                    ("spec_decode_num_draft_tokens", "Draft tokens proposed (speculative decoding)",
+                     s and s.spec_num_draft_tokens),
+                    ("spec_decode_num_accepted_tokens", "Draft tokens the model agreed with",
+                     s and s.spec_num_accepted_tokens))
         for name, doc, value in counters:
             c = CounterMetricFamily(P + name, doc, labels=["model_name"])
             if s is not None:

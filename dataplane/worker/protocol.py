@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from dataplane.sampling_params import SamplingParams
+from dataplane.spec_decode.config import MAX_DRAFT_TOKENS
 from dataplane.structured.params import KINDS, StructuredOutputs
 from dataplane.worker.errors import WorkerError, invalid
 from dataplane.worker.tool_parsers import ToolParser
@@ -76,6 +77,7 @@ class GenerationRequest(_TopLevel):
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob and this many alternatives
+    speculative: dict[str, Any] | None = None  # {"method": "ngram", "num_tokens": k}: prompt-lookup drafts
     # structured outputs
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
@@ -98,6 +100,7 @@ class GenerationRequest(_TopLevel):
             "skip_special_tokens": self.skip_special_tokens,
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "logit_bias": self._logit_bias(), "prompt_logprobs": self.engine_prompt_logprobs,
+            "speculative_tokens": self._speculative_tokens(),
         }
         refuse_unknown(self.model_extra)
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
@@ -112,6 +115,19 @@ class GenerationRequest(_TopLevel):
             raise invalid("prompt_logprobs: not available when streaming; use stream: false",
                           "prompt_logprobs", "unsupported_parameter")
         return self.prompt_logprobs
+
+    def _speculative_tokens(self) -> int | None:
+        """Draft tokens per step this request asks for (0: none); None: the worker's default."""
+        spec = self.speculative
+        if spec is None:
+            return None
+        if set(spec) - {"method", "num_tokens"} or spec.get("method", "ngram") not in ("ngram", "prompt_lookup"):
+            raise invalid('speculative: expected {"method": "ngram", "num_tokens": k}', "speculative")
+        k = spec.get("num_tokens")
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_DRAFT_TOKENS):
+            raise invalid(f"speculative.num_tokens: must be an integer in [0, {MAX_DRAFT_TOKENS}], got {k!r}",
+                          "speculative")
+        return k
 
     def _logit_bias(self) -> dict[int, float] | None:
         """OpenAI sends token ids as JSON object keys (strings)."""
