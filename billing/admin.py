@@ -48,7 +48,7 @@ class PriceForm(forms.ModelForm):
     class Meta:
         model = Price
         fields = ["model", "adapter", "tier", "currency", "input_per_mtok", "cached_input_per_mtok", "output_per_mtok",
-                  "batch_percent", "effective_from", "effective_to", "note"]
+                  "batch_percent", "embedding_input_per_mtok", "effective_from", "effective_to", "note"]
 
     def clean(self):
         data = super().clean()
@@ -70,7 +70,8 @@ class PriceAdmin(admin.ModelAdmin):
 
     form = PriceForm
     list_display = ["model", "adapter", "tier", "currency", "input_per_mtok", "cached_input_per_mtok",
-                    "output_per_mtok", "batch_percent", "effective_from", "effective_to", "note"]
+                    "output_per_mtok", "batch_percent", "embedding_input_per_mtok", "effective_from", "effective_to",
+                    "note"]
     list_filter = ["model", "tier", "currency"]
     search_fields = ["model", "adapter", "note"]
     date_hierarchy = "effective_from"

@@ -29,3 +29,4 @@ class UsageEvent:
     http_status: int | None = None  # status the client got (499 = client left; in-band stream error = 500)
     itl_ms: float | None = None  # mean inter-token latency of the stream, None unless >= 2 tokens streamed
     batch_id: str | None = None  # the batch (/v1/batches) a line belongs to: priced on the batch price line
+    embeddings: bool = False  # a /v1/embeddings request: input tokens priced on the embeddings price line

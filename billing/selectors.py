@@ -26,7 +26,7 @@ def price_lookup(*, model: str, adapter: str | None, tier: str | None, at: datet
 
 def price_estimate(
     *, model: str, adapter: str | None, tier: str | None, prompt_tokens: int, completion_tokens: int, at: datetime,
-    batch: bool = False,
+    batch: bool = False, embeddings: bool = False,
 ) -> Decimal:
     """Upper bound of what a request will cost, for the gateway to reserve against a spend budget.
 
@@ -37,7 +37,8 @@ def price_estimate(
     price = price_lookup(model=model, adapter=adapter, tier=tier, at=at)
     if price is None:
         return ZERO
-    prompt_rate = max(price.rate("input_per_mtok", batch=batch), price.rate("cached_input_per_mtok", batch=batch))
+    prompt_rate = max(price.rate("input_per_mtok", batch=batch, embeddings=embeddings),
+                      price.rate("cached_input_per_mtok", batch=batch, embeddings=embeddings))
     return token_cost(prompt_tokens, prompt_rate) + token_cost(completion_tokens, price.rate("output_per_mtok", batch=batch))
 
 
@@ -46,7 +47,8 @@ def usage_meter_totals_by_price(records: QuerySet[UsageRecord], *extra_keys: str
     return list(
         records.order_by()
         # Batch lines are priced at the price's batch share: their own group (and invoice line).
-        .values("price_id", *extra_keys, batch=Case(When(batch_id="", then=Value(False)), default=Value(True),
+        # Embeddings requests likewise (the price's embeddings input rate).
+        .values("price_id", "embeddings", *extra_keys, batch=Case(When(batch_id="", then=Value(False)), default=Value(True),
                                                     output_field=BooleanField()))
         .annotate(
             **{
@@ -66,8 +68,10 @@ def exact_amount(groups: Iterable[dict], prices: dict[int, Price]) -> Decimal:
         if price is None:
             continue
         parts += [
-            token_cost(group[METER_INPUT] or 0, price.rate("input_per_mtok", batch=group.get("batch", False))),
-            token_cost(group[METER_CACHED_INPUT] or 0, price.rate("cached_input_per_mtok", batch=group.get("batch", False))),
+            token_cost(group[METER_INPUT] or 0, price.rate("input_per_mtok", batch=group.get("batch", False),
+                                                           embeddings=group.get("embeddings", False))),
+            token_cost(group[METER_CACHED_INPUT] or 0, price.rate("cached_input_per_mtok", batch=group.get("batch", False),
+                                                                  embeddings=group.get("embeddings", False))),
             token_cost(group[METER_OUTPUT] or 0, price.rate("output_per_mtok", batch=group.get("batch", False))),
         ]
     return exact_sum(parts)

@@ -37,6 +37,11 @@ class Price(models.Model):
         "batch price (% of the rates above)", max_digits=5, decimal_places=2, default=Decimal("50"),
         validators=[MinValueValidator(ZERO), MaxValueValidator(Decimal("100"))],
         help_text="Batch API (/v1/batches) usage is billed at this share of the online rates.")
+    # Embeddings (/v1/embeddings) bill their input tokens, cached or not, at this rate; blank: the input rate.
+    embedding_input_per_mtok = models.DecimalField(
+        "embeddings input per 1M tokens", max_digits=PRICE_MAX_DIGITS, decimal_places=PRICE_PLACES, null=True,
+        blank=True, validators=[MinValueValidator(ZERO)],
+        help_text="/v1/embeddings input tokens (cached or not) at this rate; blank: the input rate.")
     effective_from = models.DateTimeField()
     effective_to = models.DateTimeField(null=True, blank=True, help_text="Exclusive; blank: open-ended.")
     note = models.CharField(max_length=200, blank=True, default="")
@@ -60,9 +65,12 @@ class Price(models.Model):
         scope = "/".join(part for part in (self.model, self.adapter, self.tier) if part)
         return f"{scope} {self.currency} from {self.effective_from:%Y-%m-%d %H:%M}"
 
-    def rate(self, field: str, *, batch: bool = False) -> Decimal:
-        """A per-1M rate, at the batch share for a batch line (exact: a percentage of a decimal)."""
+    def rate(self, field: str, *, batch: bool = False, embeddings: bool = False) -> Decimal:
+        """A per-1M rate, at the batch share for a batch line (exact: a percentage of a decimal). An
+        embeddings request's input (cached or not) is on its own line: `embedding_input_per_mtok`."""
         rate = getattr(self, field)
+        if embeddings and field in ("input_per_mtok", "cached_input_per_mtok"):
+            rate = self.input_per_mtok if self.embedding_input_per_mtok is None else self.embedding_input_per_mtok
         if not batch:
             return rate
         # Rounded to the price book's places, so the batch rate is a rate like any other and amounts

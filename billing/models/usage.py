@@ -43,6 +43,8 @@ class UsageRecord(models.Model):
     # The batch (/v1/batches) a request was a line of: priced at the price's batch_percent, and a
     # column of the finance export so a batch's cost can be summed.
     batch_id = models.CharField(max_length=40, blank=True, default="")
+    # A /v1/embeddings request: its input tokens are priced at the price's embeddings rate (own line).
+    embeddings = models.BooleanField(default=False)
     created_at = models.DateTimeField(help_text="When the request started; the price in force then applies.")
     ingested_at = models.DateTimeField(auto_now_add=True)
     price = models.ForeignKey("billing.Price", on_delete=models.PROTECT, null=True, blank=True, related_name="+")

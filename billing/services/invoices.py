@@ -86,20 +86,20 @@ def _rebuild_usage_lines(invoice: Invoice) -> None:
     groups = usage_meter_totals_by_price(invoice.usage_records.filter(price__isnull=False), "model", "adapter")
     prices = Price.objects.in_bulk({g["price_id"] for g in groups})
     lines = []
-    for group in sorted(groups, key=lambda g: (g["model"], g["adapter"], g["price_id"], g["batch"])):
+    for group in sorted(groups, key=lambda g: (g["model"], g["adapter"], g["price_id"], g["batch"], g["embeddings"])):
         price = prices[group["price_id"]]
         for meter in METERS:
             quantity = group[meter] or 0
             if quantity == 0:
                 continue
-            rate = price.rate(METER_RATE_FIELD[meter], batch=group["batch"])
+            rate = price.rate(METER_RATE_FIELD[meter], batch=group["batch"], embeddings=group["embeddings"])
             exact = token_cost(quantity, rate)
             lines.append(InvoiceLine(
                 invoice=invoice, kind=InvoiceLine.Kind.USAGE, price=price, model=group["model"],
                 adapter=group["adapter"], meter=meter, quantity=quantity, unit_price=rate,
                 exact_amount=exact, amount=round_money(exact, invoice.rounding),
                 description=_line_description(group["model"], group["adapter"], meter, rate, invoice.currency)
-                + (" (batch)" if group["batch"] else ""),
+                + (" (batch)" if group["batch"] else "") + (" (embeddings)" if group["embeddings"] else ""),
             ))
     InvoiceLine.objects.bulk_create(lines)
 

@@ -33,6 +33,7 @@ def price_create(
     currency: str = "usd",
     note: str = "",
     batch_percent: Decimal | None = None,
+    embedding_input_per_mtok: Decimal | None = None,
 ) -> Price:
     """Add a rate card entry. An open-ended entry for the same scope that started earlier is closed at
     `effective_from` (that is how a price changes); any other overlap is refused.
@@ -51,6 +52,8 @@ def price_create(
             ("output_per_mtok", output_per_mtok),
         )
     }
+    if embedding_input_per_mtok is not None:  # /v1/embeddings input; None: at the input rate
+        rates["embedding_input_per_mtok"] = _check_rate("embedding_input_per_mtok", embedding_input_per_mtok)
     scope = {"model": model, "adapter": adapter or "", "tier": tier or ""}
     if batch_percent is not None:  # the batch line's share of these rates (Price.batch_percent's default else)
         if not Decimal(0) <= batch_percent <= Decimal(100):

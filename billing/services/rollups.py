@@ -30,7 +30,7 @@ def usage_daily_rebuild(*, day: date) -> int:
         rows = (
             UsageRecord.objects.filter(created_at__gte=start, created_at__lt=end)
             .order_by()
-            .values(*ROLLUP_KEYS, "price_id")
+            .values(*ROLLUP_KEYS, "price_id", "embeddings")  # embeddings: their own input rate
             .annotate(requests=Count("id"), **{f: Sum(f) for f in TOKEN_FIELDS})
         )
         prices = Price.objects.in_bulk({row["price_id"] for row in rows if row["price_id"] is not None})
@@ -41,6 +41,7 @@ def usage_daily_rebuild(*, day: date) -> int:
                 acc[name] += row[name]
             acc["groups"].append({
                 "price_id": row["price_id"],
+                "embeddings": row["embeddings"],
                 METER_INPUT: row["prompt_tokens"] - row["cached_tokens"],
                 METER_CACHED_INPUT: row["cached_tokens"],
                 METER_OUTPUT: row["completion_tokens"],

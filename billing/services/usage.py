@@ -30,15 +30,17 @@ def _validate(event: UsageEvent) -> None:
         raise BillingError(f"usage event {event.request_id}: unknown status {event.status!r}")
 
 
-def _priced_fields(*, prompt: int, cached: int, completion: int, price: Price | None, batch: bool = False) -> dict:
+def _priced_fields(*, prompt: int, cached: int, completion: int, price: Price | None, batch: bool = False,
+                   embeddings: bool = False) -> dict:
     if price is None:
         return {
             "price": None, "currency": getattr(settings, "BILLING_DEFAULT_CURRENCY", "usd"),
             "input_amount": ZERO, "cached_input_amount": ZERO, "output_amount": ZERO, "amount": ZERO,
         }
     parts = {
-        "input_amount": token_cost(prompt - cached, price.rate("input_per_mtok", batch=batch)),
-        "cached_input_amount": token_cost(cached, price.rate("cached_input_per_mtok", batch=batch)),
+        "input_amount": token_cost(prompt - cached, price.rate("input_per_mtok", batch=batch, embeddings=embeddings)),
+        "cached_input_amount": token_cost(cached, price.rate("cached_input_per_mtok", batch=batch,
+                                                             embeddings=embeddings)),
         "output_amount": token_cost(completion, price.rate("output_per_mtok", batch=batch)),
     }
     return {"price": price, "currency": price.currency, **parts, "amount": exact_sum(parts.values())}
@@ -102,9 +104,10 @@ def usage_record_ingest(*, event: UsageEvent) -> UsageRecord:
         itl_ms=event.itl_ms,
         created_at=event.created_at,
         batch_id=event.batch_id or "",
+        embeddings=event.embeddings,
         **_priced_fields(
             prompt=event.prompt_tokens, cached=event.cached_tokens, completion=event.completion_tokens, price=price,
-            batch=bool(event.batch_id),
+            batch=bool(event.batch_id), embeddings=event.embeddings,
         ),
     )
     try:
@@ -137,7 +140,7 @@ def usage_records_reprice(*, start: datetime, end: datetime, tenant=None) -> int
                 continue
             fields = _priced_fields(
                 prompt=record.prompt_tokens, cached=record.cached_tokens, completion=record.completion_tokens, price=price,
-                batch=bool(record.batch_id),
+                batch=bool(record.batch_id), embeddings=record.embeddings,
             )
             if record.invoice_id is not None and fields["currency"] != record.currency:
                 fields["invoice"] = None  # its draft is in another currency; the right one will pick it up

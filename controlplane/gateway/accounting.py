@@ -84,9 +84,12 @@ RATE_CACHE_SECONDS = 60.0
 _rates: dict[tuple, tuple[float, Decimal, Decimal]] = {}
 
 
-def _rates_per_mtok(*, target: ModelTarget, tier: str, at, batch: bool) -> tuple[Decimal, Decimal]:
+def _rates_per_mtok(*, target: ModelTarget, tier: str, at, batch: bool, embeddings: bool = False
+                    ) -> tuple[Decimal, Decimal]:
     estimate = billing_selector("price_estimate")
     kwargs = dict(model=target.base, adapter=target.adapter, tier=tier, at=at, batch=batch)
+    if embeddings:  # the embeddings price line (billing.models.Price.embedding_input_per_mtok)
+        kwargs["embeddings"] = True
     return (
         Decimal(estimate(prompt_tokens=MTOK, completion_tokens=0, **kwargs)),
         Decimal(estimate(prompt_tokens=0, completion_tokens=MTOK, **kwargs)),
@@ -94,15 +97,16 @@ def _rates_per_mtok(*, target: ModelTarget, tier: str, at, batch: bool) -> tuple
 
 
 async def price_nano(*, target: ModelTarget, tier: str, prompt_tokens: int, completion_tokens: int, at,
-                     batch: bool = False) -> int:
+                     batch: bool = False, embeddings: bool = False) -> int:
     """billing.selectors.price_estimate, without a database query per request: its estimate is
     linear in the token counts (exact per-Mtok rates), so the two rates are cached per model,
     adapter and tier for RATE_CACHE_SECONDS (a price change reaches reservations that much later;
     the ledger prices every request itself at write time)."""
-    key = (target.base, target.adapter, tier, batch)
+    key = (target.base, target.adapter, tier, batch, embeddings)
     cached = _rates.get(key)
     if cached is None or cached[0] < time.monotonic():
-        prompt_rate, completion_rate = await db_call(_rates_per_mtok, target=target, tier=tier, at=at, batch=batch)
+        prompt_rate, completion_rate = await db_call(_rates_per_mtok, target=target, tier=tier, at=at, batch=batch,
+                                                     embeddings=embeddings)
         cached = (time.monotonic() + RATE_CACHE_SECONDS, prompt_rate, completion_rate)
         _rates[key] = cached
     _, prompt_rate, completion_rate = cached
@@ -110,7 +114,7 @@ async def price_nano(*, target: ModelTarget, tier: str, prompt_tokens: int, comp
 
 
 async def reservation_spend_nano(*, target: ModelTarget, tier: str, prompt_estimate: int, allowance: int, at,
-                                 batch: bool = False) -> int:
+                                 batch: bool = False, embeddings: bool = False) -> int:
     """The most a request may cost when the worker serves at most `allowance` tokens in all.
 
     The worker clamps completions to the allowance minus the real prompt, so the split between prompt
@@ -120,9 +124,9 @@ async def reservation_spend_nano(*, target: ModelTarget, tier: str, prompt_estim
     """
     estimate = min(prompt_estimate, allowance)
     split = await price_nano(target=target, tier=tier, prompt_tokens=estimate,
-                             completion_tokens=allowance - estimate, at=at, batch=batch)
+                             completion_tokens=allowance - estimate, at=at, batch=batch, embeddings=embeddings)
     all_prompt = await price_nano(target=target, tier=tier, prompt_tokens=allowance, completion_tokens=0, at=at,
-                                  batch=batch)
+                                  batch=batch, embeddings=embeddings)
     return max(split, all_prompt)
 
 
@@ -167,6 +171,7 @@ class Meter:
     journaled: bool = field(default=False)  # a usage-journal row exists (the sweeper can finish the job)
     worker_url: str = field(default="")  # the worker the request was sent to
     batch_id: str = field(default="")  # a batch line's batch: its own price line, and no online SLO sample
+    embeddings: bool = field(default=False)  # a /v1/embeddings request: the embeddings price line
 
     def finish(
         self,
@@ -205,6 +210,7 @@ class Meter:
             http_status=http_status,
             itl_ms=itl_ms,
             batch_id=self.batch_id or None,
+            embeddings=self.embeddings,
         )
         limits = self.principal.limits
         if self.batch_id:  # batch lines are not the online tiers' traffic: they would skew their SLIs
@@ -236,6 +242,7 @@ class Meter:
                 actual_spend = await price_nano(
                     target=self.target, tier=event.tier, prompt_tokens=event.prompt_tokens,
                     completion_tokens=event.completion_tokens, at=event.created_at, batch=bool(self.batch_id),
+                    embeddings=self.embeddings,
                 )
             except Exception:
                 log.exception("price estimate failed; keeping the reserved spend", extra={"request_id": self.request_id})

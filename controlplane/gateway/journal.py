@@ -33,6 +33,7 @@ class Admission:
     worker_url: str
     created_at: dt.datetime
     batch_id: str = ""  # a batch line's batch: the sweeper bills it on the batch price line too
+    embeddings: bool = False  # a /v1/embeddings request: the sweeper bills it on the embeddings price line
 
 
 def insert(admissions: list[Admission], *, ignore_conflicts: bool = False) -> None:

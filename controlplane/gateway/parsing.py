@@ -35,12 +35,13 @@ BYTES_PER_TOKEN = 3
 TOKENS_PER_MESSAGE = 8
 AFFINITY_CHARS = 2048  # how much of a completions prompt identifies its prefix
 MAX_N = 128  # OpenAI's limit on choices per request
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request (a worker may take fewer)
 MAX_TOKENS_LIMIT = 2**31 - 1  # int32, as OpenAI's API; keeps every reservation within a bigint
 
 
 @dataclass(frozen=True, slots=True)
 class ParsedRequest:
-    kind: str  # "chat" | "completions"
+    kind: str  # "chat" | "completions" | "embeddings"
     body: dict[str, Any]
     model: str
     stream: bool
@@ -179,10 +180,11 @@ def _chat(body: dict) -> tuple[int, int, bytes, int | None]:
     return estimate, bound, prefix, max_completion
 
 
-def _completions(body: dict) -> tuple[int, int, bytes, int]:
+def _completions(body: dict, field: str = "prompt") -> tuple[int, int, bytes, int]:
     """(estimate, bound, prefix, prompts): a string, strings, token ids or arrays of token ids, as the
-    worker takes. The bound allows one special token (BOS) per text prompt; token ids are exact."""
-    prompt = body.get("prompt")
+    worker takes (completions' `prompt`, embeddings' `input`). The bound allows one special token (BOS)
+    per text prompt; token ids are exact."""
+    prompt = body.get(field)
     if isinstance(prompt, str):
         return estimate_tokens(prompt), _size(prompt) + 1, prompt[:AFFINITY_CHARS].encode("utf-8", "surrogatepass"), 1
     if isinstance(prompt, list) and prompt:
@@ -195,9 +197,9 @@ def _completions(body: dict) -> tuple[int, int, bytes, int]:
             exact = sum(map(len, prompt))
             return exact, exact, ",".join(map(str, prompt[0][:AFFINITY_CHARS])).encode(), len(prompt)
     if prompt is None:
-        raise invalid("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter")
-    raise invalid("'prompt' must be a string, an array of strings, an array of token ids or an array of "
-                  "token-id arrays, and not empty.", "prompt", "invalid_type")
+        raise invalid(f"Missing required parameter: '{field}'.", field, "missing_required_parameter")
+    raise invalid(f"'{field}' must be a string, an array of strings, an array of token ids or an array of "
+                  "token-id arrays, and not empty.", field, "invalid_type")
 
 
 def parse(raw: bytes, kind: str) -> ParsedRequest:
@@ -217,6 +219,12 @@ def parse(raw: bytes, kind: str) -> ParsedRequest:
 
     if kind == "chat":
         prompt_estimate, prompt_bound, prefix, max_completion = _chat(body)
+    elif kind == "embeddings":  # input tokens only: nothing is generated, nothing streams
+        prompt_estimate, prompt_bound, prefix, n = _completions(body, "input")
+        if n > MAX_EMBEDDING_INPUTS:
+            raise invalid(f"'input' may hold at most {MAX_EMBEDDING_INPUTS} inputs, got {n}.", "input",
+                          "too_many_inputs")
+        stream, wants_usage, max_completion = False, False, 0
     else:
         prompt_estimate, prompt_bound, prefix, prompts = _completions(body)
         n *= prompts

@@ -46,6 +46,7 @@ log = logging.getLogger("tessera.gateway")
 MAX_ATTEMPTS = 3  # workers tried when a connection fails before the first byte
 RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.PoolTimeout)
 PASS_HEADERS = ("content-type",)
+UPSTREAM_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 USAGE_QUERY_WAIT = 2.0  # seconds the worker may take to finish aborting before it answers with final counts
 
 
@@ -118,13 +119,14 @@ def reserved_prompt(principal: KeyPrincipal, parsed: parsing.ParsedRequest) -> i
 async def reserve(principal: KeyPrincipal, parsed: parsing.ParsedRequest, target: ModelTarget, request_id: str,
                   batch: bool = False):
     spend = 0
+    embeddings = parsed.kind == "embeddings"
     prompt = reserved_prompt(principal, parsed)
     tokens = prompt + parsed.max_completion * parsed.n
     if principal.limits.monthly_spend_budget is not None:
         try:
             spend = await accounting.reservation_spend_nano(
                 target=target, tier=principal.limits.tier, prompt_estimate=prompt,
-                allowance=tokens, at=dt.datetime.now(dt.UTC), batch=batch,
+                allowance=tokens, at=dt.datetime.now(dt.UTC), batch=batch, embeddings=embeddings,
             )
         except ImportError as exc:
             log.error("cannot enforce a spend budget: %s", exc, extra={"request_id": request_id})
@@ -161,7 +163,7 @@ async def open_upstream(
     key = parsing.affinity_key(parsed, principal.cache_salt)
     prefix = prefix_key(prompt_text(parsed.kind, parsed.body), principal.cache_salt, parsed.model)
     body = parsing.upstream_body(raw, parsed)
-    path = "/v1/chat/completions" if parsed.kind == "chat" else "/v1/completions"
+    path = UPSTREAM_PATHS[parsed.kind]
     headers = {
         "Content-Type": "application/json",
         "X-Request-Id": request_id,
@@ -235,7 +237,8 @@ async def handle(request: HttpRequest, kind: str, *, body: bytes | None = None,
         admission.check(registry, parsed.model, principal.limits.priority)  # overload: lowest tiers first
         plan, period, decision = await reserve(principal, parsed, target, request_id, batch=bool(batch_id))
         extra_headers = ratelimit_headers(decision)
-        meter = Meter(request_id, principal, target, plan, period, created_at, started, batch_id=batch_id)
+        meter = Meter(request_id, principal, target, plan, period, created_at, started, batch_id=batch_id,
+                      embeddings=parsed.kind == "embeddings")
         meter.logs_content = content_log.request(principal, request_id, raw)
         worker, response = await open_upstream(raw, parsed, principal, request_id, meter)
     except ApplicationError as exc:
@@ -275,7 +278,7 @@ async def _journal(meter: Meter, parsed: parsing.ParsedRequest, worker_url: str)
                 model=meter.target.base, adapter=meter.target.adapter, tier=meter.principal.limits.tier,
                 prompt_estimate=reserved_prompt(meter.principal, parsed), reserved_tokens=meter.plan.tokens,
                 reserved_spend_nano=meter.plan.spend_nano, period_start=meter.period, worker_url=worker_url,
-                created_at=meter.created_at, batch_id=meter.batch_id,
+                created_at=meter.created_at, batch_id=meter.batch_id, embeddings=meter.embeddings,
             ))
     except Exception as exc:
         log.error("usage journal unavailable; refusing the request", extra={"request_id": meter.request_id,

@@ -103,7 +103,7 @@ async def _bill(row: InflightRequest, counts: WorkerCounts, now: dt.datetime) ->
         cached_tokens=counts.cached_tokens, completion_tokens=counts.completion_tokens, ttft_ms=None,
         latency_ms=(now - row.created_at).total_seconds() * 1000,
         status="error",  # the client's connection died with its gateway: the platform failed it
-        created_at=row.created_at, http_status=None, batch_id=row.batch_id or None,
+        created_at=row.created_at, http_status=None, batch_id=row.batch_id or None, embeddings=row.embeddings,
     )
     actual_spend = 0
     if row.reserved_spend_nano:
@@ -111,7 +111,8 @@ async def _bill(row: InflightRequest, counts: WorkerCounts, now: dt.datetime) ->
         try:
             actual_spend = await accounting.price_nano(
                 target=target, tier=row.tier, prompt_tokens=counts.prompt_tokens,
-                completion_tokens=counts.completion_tokens, at=row.created_at, batch=bool(row.batch_id))
+                completion_tokens=counts.completion_tokens, at=row.created_at, batch=bool(row.batch_id),
+                embeddings=row.embeddings)
         except Exception:
             log.exception("price estimate failed; keeping the reserved spend", extra={"request_id": row.request_id})
             actual_spend = row.reserved_spend_nano

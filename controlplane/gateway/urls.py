@@ -7,6 +7,7 @@ app_name = "gateway"
 urlpatterns = [
     path("chat/completions", views.chat_completions, name="chat-completions"),
     path("completions", views.completions, name="completions"),
+    path("embeddings", views.embeddings, name="embeddings"),
     path("responses", responses_api.create, name="responses"),
     path("responses/<str:response_id>", responses_api.detail, name="response-detail"),
     path("responses/<str:response_id>/input_items", responses_api.input_items, name="response-input-items"),

@@ -57,6 +57,11 @@ async def completions(request: HttpRequest) -> HttpResponse:
     return await proxy.handle(request, "completions")
 
 
+@openai_endpoint("POST")
+async def embeddings(request: HttpRequest) -> HttpResponse:
+    return await proxy.handle(request, "embeddings")
+
+
 def _card(target) -> dict:
     card = {"id": target.name, "object": "model", "created": _STARTED, "owned_by": "tessera"}
     if target.adapter is not None:

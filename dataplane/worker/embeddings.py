@@ -111,8 +111,10 @@ async def run(serving: Serving, prepared: tuple[list[list[int]], str, str | None
     params = SamplingParams(max_tokens=0, pooling=serving.config.pooling)
     usage = serving.usage.start(ctx.request_id, sum(map(len, ids)), len(ids))
     rids = [serving._claim(ctx.request_id if len(ids) == 1 else f"{ctx.request_id}-{i}") for i in range(len(ids))]
+    # The tenant and its weight: embedding tokens count toward its fair share like any prompt's.
     gens = [serving.engine.generate(p, params, request_id=rid, priority=prio, cache_salt=ctx.cache_salt,
-                                    adapter=adapter) for p, rid in zip(ids, rids, strict=True)]
+                                    adapter=adapter, tenant=ctx.tenant, tenant_weight=ctx.tenant_weight)
+            for p, rid in zip(ids, rids, strict=True)]
     tasks = [asyncio.ensure_future(_last(g)) for g in gens]
     status = "cancelled"
     try:

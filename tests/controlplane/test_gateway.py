@@ -276,7 +276,7 @@ async def test_every_answer_is_openai_shaped_with_a_request_id(gateway, tenant_k
     _, secret = await tenant_key()
     wrong_method = await AsyncClient().get("/v1/chat/completions", **auth(secret))
     assert wrong_method.status_code == 405 and wrong_method.json()["error"]["code"] == "method_not_allowed"
-    unknown = await AsyncClient().post("/v1/embeddings", data="{}", content_type="application/json", **auth(secret))
+    unknown = await AsyncClient().post("/v1/audio/speech", data="{}", content_type="application/json", **auth(secret))
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_url"
     assert all(r["x-request-id"].startswith("req_") for r in (wrong_method, unknown))
 
