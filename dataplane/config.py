@@ -134,6 +134,10 @@ class SchedulerConfig:
     # are neither admitted nor stepped; their KV blocks stay (they resume where they were), and a seat
     # or blocks an online request needs are taken from them by preemption as usual (None: no background).
     background_priority: int | None = None
+    # ... and while only background work is in the engine, each step's prefill is capped so its predicted
+    # time stays within this many ms: an online arrival waits at most about that for the step in flight
+    # (None: background steps take the whole token budget).
+    background_step_ms: float | None = None
     # Prompt-lookup speculative decoding (dataplane/spec_decode): drafts per step, the running-batch
     # size past which no proposals are made, the n-gram lengths looked up.
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
@@ -164,6 +168,8 @@ class SchedulerConfig:
         if self.itl_guard_step_tokens is not None and self.itl_guard_step_tokens < 1:
             # 0 would stop every prefill while a protected request decodes, its own queue included.
             raise ValueError(f"itl_guard_step_tokens: must be >= 1 or None, got {self.itl_guard_step_tokens}")
+        if self.background_step_ms is not None and not self.background_step_ms > 0:
+            raise ValueError(f"background_step_ms: must be > 0 or None, got {self.background_step_ms}")
         if self.itl_guard_step_ms is not None and not self.itl_guard_step_ms > 0:
             raise ValueError(f"itl_guard_step_ms: must be > 0 or None, got {self.itl_guard_step_ms}")
         for name in ("fair_share_input_weight", "fair_share_output_weight"):

@@ -125,8 +125,8 @@ class Scheduler:
             return (r.effective_priority(now, aging), r.seq)
 
         self._guard_left = self._itl_guard_budget()
-        self._step_prefill_left = self._step_prefill_cap()
         self._online_present = self._any_online()
+        self._step_prefill_left = self._step_prefill_cap()
         self.running.sort(key=rank)
         # Drafts only while the batch is small: a CPU step's time grows with its tokens, so in a busy batch
         # k drafts per request cost more than their accepted tokens save (spec_decode/config.py).
@@ -225,9 +225,14 @@ class Scheduler:
         of tokens, or what the step-time target leaves after this step's decodes, or the smaller."""
         p, cap, target_ms = self.config.itl_guard_priority, self.config.itl_guard_step_tokens, self.config.itl_guard_step_ms
         self._protected_waiting = False
+        decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens <= 1]
+        if self.config.background_step_ms is not None and self.config.background_priority is not None \
+                and not self._online_present:
+            # Only background work: short steps, so an online arrival waits little for the step in flight.
+            fits = self.step_cost.tokens_within(self.config.background_step_ms / 1000)
+            return None if fits is None else max(fits - len(decoding), ITL_GUARD_MIN_PREFILL)
         if p is None or (cap is None and target_ms is None):
             return None
-        decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens <= 1]
         if not any(r.priority <= p for r in decoding):
             return None
         self._protected_waiting = any(r.priority <= p for r in self.waiting)

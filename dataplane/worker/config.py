@@ -54,6 +54,7 @@ class WorkerConfig:
     # Requests at this priority or past it (the Batch API's lines: TESSERA_BATCH_PRIORITY, 1000) run only
     # in steps online requests leave (dataplane/config.py SchedulerConfig.background_priority; empty: off)
     background_priority: int | None = None
+    background_step_ms: float | None = None  # ... and steps of background work alone stay within this (empty: off)
     # Fair sharing between the tenants (X-Tenant-Id, X-Tenant-Weight) of one priority: least-served first
     # (dataplane/scheduler/fairness.py); --no-fair-share: first come, first served within a priority
     fair_share: bool = True
@@ -162,6 +163,7 @@ class WorkerConfig:
             "itl_guard_priority": self.itl_guard_priority, "itl_guard_tokens": self.itl_guard_tokens,
             "itl_guard_seqs": self.itl_guard_seqs, "itl_guard_step_tokens": self.itl_guard_step_tokens,
             "itl_guard_step_ms": self.itl_guard_step_ms, "background_priority": self.background_priority,
+            "background_step_ms": self.background_step_ms,
             "fair_share": self.fair_share,
             "speculative_ngram_tokens": self.speculative_ngram_tokens,
             "speculative_max_running": self.speculative_max_running,
@@ -210,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
              "drain_timeout": float, "max_model_len": _optional_int, "max_loras": int, "max_lora_rank": int,
              "max_cpu_loras": _optional_int, "itl_guard_priority": _optional_int, "itl_guard_tokens": int, "itl_guard_seqs": _optional_int,
              "itl_guard_step_tokens": _optional_int, "itl_guard_step_ms": _optional_float,
-             "background_priority": _optional_int,
+             "background_priority": _optional_int, "background_step_ms": _optional_float,
              "speculative_ngram_tokens": int, "speculative_max_running": int,
              "threads": _optional_int, "usage_memory_entries": int, "usage_memory_seconds": float,
              "grammar_compile_timeout": float, "max_embedding_inputs": int}

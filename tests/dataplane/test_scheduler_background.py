@@ -128,3 +128,18 @@ def test_without_a_background_priority_nothing_is_paused():
     sched.add_request(make_request("premium", priority=10, max_tokens=3, first_token=500))
     out, _ = run_step(sched)
     assert set(out.num_scheduled_tokens) == {"batch", "premium"}
+
+
+def test_background_steps_alone_stay_within_their_time_budget_and_online_steps_do_not():
+    # A step costs 10 ms + 1 ms a token here: 30 ms fits 20 tokens.
+    sched = make_scheduler(background_priority=BG, background_step_ms=30.0, max_num_batched_tokens=64)
+    for k in range(20):
+        sched.observe_step(4 + k * 3, 0.010 + 0.001 * (4 + k * 3))
+    sched.add_request(make_request("batch", prompt_len=100, priority=BG, max_tokens=5))
+    out, _ = run_step(sched)
+    assert out.num_scheduled_tokens == {"batch": 20}  # a short step: an arrival waits little for it
+    sched.add_request(make_request("online", prompt_len=100, priority=20, max_tokens=2, first_token=900))
+    out, _ = run_step(sched)
+    assert out.num_scheduled_tokens == {"online": 64}  # online work has the whole budget (batch paused)
+    _drain(sched)
+    assert_no_leaks(sched)
