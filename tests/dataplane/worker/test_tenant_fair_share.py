@@ -48,3 +48,16 @@ async def test_a_bad_weight_header_is_a_400_naming_it(worker, bad):
     r = await client.post("/v1/completions", json=BODY, headers={"X-Tenant-Id": "acme", "X-Tenant-Weight": bad})
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "invalid_header" and "x-tenant-weight" in r.json()["error"]["message"]
+
+
+def test_the_offline_api_names_tenants_per_prompt():
+    from dataplane import LLM, SamplingParams
+
+    args = tiny_args()
+    llm = LLM("tiny", dtype="float32", preloaded=loaded(args, tiny_tensors(args, seed=1)), block_size=4,
+              kv_cache_memory="1MiB")
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    llm.generate([PROMPT, PROMPT[:3]], params, tenants=["a", "b"])
+    assert set(llm.core.scheduler.fair.counters) == llm.core.scheduler.fair.active == {"a", "b"}
+    with pytest.raises(ValueError, match="tenants"):
+        llm.generate([PROMPT], params, tenants=["a", "b"])
