@@ -48,6 +48,7 @@ class Loaded(Protocol):
     url: str
     outstanding: int
     waiting: int
+    running: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +130,9 @@ class PrefixTable:
 
 
 def load_of(worker: Loaded) -> int:
-    """This gateway's requests in flight there, plus the engine's queue at the last poll (other
-    gateways' work shows up there)."""
-    return worker.outstanding + worker.waiting
+    """Requests at the worker: this gateway's in flight there (fresh), or the engine's running and
+    waiting at the last poll (stale by up to a poll, but it counts other gateways' work), the larger."""
+    return max(worker.outstanding, worker.running + worker.waiting)
 
 
 def _rendezvous(worker: Loaded, key: PrefixKey) -> bytes:
