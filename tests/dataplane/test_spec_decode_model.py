@@ -80,3 +80,20 @@ def test_sampled_distribution_is_unchanged_by_speculation():
     p = _chi_square_p(table)
     print(f'p={p:.3f} acceptance={rate:.2f} categories={len(table[0])}')
     assert p > 0.001, (p, table)
+
+
+def test_lora_requests_speculate_with_the_same_outputs(tmp_path):
+    from tests.dataplane.lora_helpers import write_adapter
+
+    args = tiny_args()
+    write_adapter(tmp_path / "a", args, rank=4, targets=("q_proj", "v_proj", "down_proj"))
+    llm = LLM("tiny", dtype="float32", preloaded=loaded(args, tiny_tensors(args)), enable_lora=True, block_size=8,
+              kv_cache_memory="16MiB")
+    llm.add_adapter("a", str(tmp_path / "a"))
+    prompt = [5, 6, 7, 8] * 4 + [5]
+    params = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, speculative_tokens=k) for k in (0, 3)]
+    outs = llm.generate([prompt] * 4, params * 2, adapters=["a", "a", None, None])
+    assert llm.core.stats().spec_num_drafts > 0
+    assert outs[1].outputs[0].token_ids == outs[0].outputs[0].token_ids
+    assert outs[3].outputs[0].token_ids == outs[2].outputs[0].token_ids
+    assert outs[0].outputs[0].token_ids != outs[2].outputs[0].token_ids  # the adapter changes the answer
