@@ -85,6 +85,12 @@ class KVCacheManager:
             self.pool.forget([b for b in blocks if b.ref_cnt == 1])
         self.pool.release(list(reversed(blocks)))
 
+    def forget_uncomputed(self, request: Request) -> None:
+        """Unpublish the request's blocks past its computed tokens: blocks are published when allocated,
+        so a chunk scheduled and then dropped in the same step (a preemption) left them holding nothing."""
+        blocks = self.req_blocks.get(request.request_id, [])
+        self.pool.forget(blocks[request.num_computed_tokens // self.block_size:])
+
     def block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(request_id, [])]
 

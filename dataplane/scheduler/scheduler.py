@@ -338,6 +338,8 @@ class Scheduler:
         return True
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        if req.request_id in out.num_scheduled_tokens:  # its chunk of this step is dropped, never computed
+            self.kv.forget_uncomputed(req)
         self.kv.free(req)
         self.running.remove(req)
         out.spec_token_ids.pop(req.request_id, None)

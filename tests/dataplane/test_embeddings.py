@@ -102,3 +102,23 @@ def test_embeddings_share_steps_with_generation_without_changing_it(tiny):
 def test_bad_pooling_parameters_are_refused_naming_the_field(kw, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
         SamplingParams(**kw)
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_a_preempted_embedding_recomputes_to_the_same_vector(tiny, pooling):
+    """One seat: an urgent request arriving while a long input is mid-prompt preempts it; the input
+    starts over (the mean's running sum is dropped with the runner state) and ends on the same vector."""
+    llm = engine(tiny, max_num_seqs=1)
+    core = llm.core
+    rid, text, children = core.make_requests(PROMPTS[5], SamplingParams(max_tokens=0, pooling=pooling), priority=5)
+    core.add(rid, text, children)
+    core.step()  # its first 8-token chunk
+    assert 0 < children[0].num_computed_tokens < len(PROMPTS[5])
+    urgent = core.make_requests([9, 10], SamplingParams(max_tokens=2, temperature=0.0), priority=0)
+    core.add(*urgent)
+    outputs = []
+    while core.has_unfinished():
+        outputs += core.step()
+    assert children[0].num_preemptions == 1
+    vector = next(o.embedding for o in outputs if o.request_id == rid)
+    torch.testing.assert_close(torch.tensor(vector), oracle(tiny[1], PROMPTS[5], pooling), atol=2e-5, rtol=1e-4)
