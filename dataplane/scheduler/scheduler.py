@@ -297,6 +297,8 @@ class Scheduler:
             n = self._chunk(req.num_tokens - num_hit, budget, req)
             new = self.kv.allocate_slots(req, n, hits)
             while new is None and self._preempt_for(req, out, now):
+                # The victim's chunk of this step is dropped and its blocks unpublished: they may be hits.
+                hits, num_hit = self.kv.get_computed_blocks(req) if lookup else ([], 0)
                 budget = self.config.max_num_batched_tokens - sum(out.num_scheduled_tokens.values())
                 n = self._chunk(req.num_tokens - num_hit, budget, req)
                 new = self.kv.allocate_slots(req, n, hits)

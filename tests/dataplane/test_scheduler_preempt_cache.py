@@ -30,3 +30,17 @@ def test_a_preemption_between_chunks_keeps_every_computed_block():
     run_step(sched)  # 16 tokens computed; the budget is spent, so nothing is dropped mid-step
     hits, n = sched.kv.get_computed_blocks(make_request("probe", prompt_len=23))
     assert n == 16 and len(hits) == 4
+
+
+def test_a_request_that_preempts_the_filler_of_its_hits_looks_them_up_again():
+    """Y hits blocks X publishes in this very step, then needs blocks and preempts X: X's chunk is
+    dropped, so Y must not keep those blocks as computed (it would attend to K/V nobody wrote)."""
+    sched = make_scheduler(num_blocks=7, max_num_batched_tokens=16)
+    sched.add_request(make_request("x", prompt_len=16, max_tokens=1, priority=5))  # tokens 100..115
+    sched.add_request(make_request("z", prompt_len=8, max_tokens=4, priority=3, first_token=300))
+    run_step(sched)  # z's prompt, x's first 8 tokens
+    sched.add_request(make_request("y", prompt_len=20, max_tokens=1, priority=0))  # x's 16 tokens + 4
+    out, _ = run_step(sched)  # x's chunk publishes its blocks 2-3; y hits them, is short, preempts x (and z)
+    assert "x" in out.preempted_request_ids
+    new = next(r for r in out.new_requests if r.request_id == "y")
+    assert new.num_computed_tokens == 8 and out.num_scheduled_tokens["y"] == 12  # only x's computed blocks
