@@ -8,7 +8,7 @@ hold every tenant's prefix) and drives them with the gateway's own routing code
 queue depths) from this process, without the rest of the gateway (auth, limits, metering: the
 same for every policy, and CPU this 2-core host cannot spare).
 
-Workload: `--tenants` tenants, each with its own long system prompt (~500 tokens) shared by its
+Workload: `--tenants` tenants, each with its own long system prompt (~420 tokens) shared by its
 `--users` users; each user holds a `--turns`-turn chat (short questions, `--max-tokens` answers
 appended to the history), starting at Poisson times (`--rate` conversations/s), a second of
 thinking between turns. Before the measured schedule each tenant sends one unmeasured request (a
