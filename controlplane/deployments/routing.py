@@ -70,3 +70,4 @@ class DeploymentRegistry(Registry):
             worker.polled_at = now
             workers.append(worker)
         self.workers = workers
+        self.prefixes.retain(set(grouped))

@@ -128,6 +128,11 @@ class PrefixTable:
         """A worker that restarted or left holds nothing any more."""
         self._held.pop(url, None)
 
+    def retain(self, urls: set[str]) -> None:
+        """Drop the workers no longer listed (replicas come and go under new URLs)."""
+        for url in set(self._held) - urls:
+            del self._held[url]
+
 
 def load_of(worker: Loaded) -> int:
     """Requests at the worker: this gateway's in flight there (fresh), or the engine's running and

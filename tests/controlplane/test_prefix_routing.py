@@ -60,6 +60,10 @@ def test_table_matches_the_leading_chain_and_forgets_deepest_chunks_first() -> N
     assert table.matched_chunks("http://w1", key) == 0
     table.forget("http://w0")
     assert table.matched_chunks("http://w0", key) == 0
+    table.record("http://w0", key)
+    table.record("http://w1", key)
+    table.retain({"http://w1"})  # w0 left the routing table
+    assert (table.size("http://w0"), table.size("http://w1")) == (0, 10)
     with pytest.raises(ValueError, match="capacity_chunks"):
         PrefixTable(0)
 
@@ -130,3 +134,16 @@ def test_registry_policies(settings) -> None:
     assert ca.pick("m", b"k", prefix=key, exclude={first.url}) is not first
     with pytest.raises(ImproperlyConfigured, match="TESSERA_ROUTING_POLICY"):
         _registry(settings, "random")
+
+
+def test_the_deployments_registry_routes_cache_aware_and_drops_workers_that_left() -> None:
+    from controlplane.deployments.routing import DeploymentRegistry
+    from controlplane.deployments.selectors import Route
+
+    reg = DeploymentRegistry()
+    reg.apply([Route(f"http://w{i}", "m", "m", None, None) for i in range(2)])
+    key = prefix_key(chat("Where is my order?"), "s", "m")
+    first = reg.pick("m", b"k", prefix=key)
+    assert reg.pick("m", b"k", prefix=key) is first
+    reg.apply([Route(u, "m", "m", None, None) for u in ("http://w0", "http://w1") if u != first.url])
+    assert reg.prefixes.size(first.url) == 0
