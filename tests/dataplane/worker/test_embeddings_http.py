@@ -115,3 +115,17 @@ async def test_the_gateway_allowance_bounds_the_input_tokens(worker):
         served = await c.post("/v1/embeddings", json={"input": [[1, 2, 3], [4, 5]]}, headers={"X-Token-Allowance": "5"})
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "token_allowance_exceeded"
     assert served.status_code == 200 and served.json()["usage"]["prompt_tokens"] == 5
+
+
+
+async def test_the_inputs_count_toward_the_tenants_fair_share(tiny):
+    engine = AsyncLLM(ModelConfig("tiny", dtype="float32"), CacheConfig(block_size=4, kv_cache_memory="1MiB"),
+                      progress=False, preloaded=tiny[0])  # fresh counters
+    try:
+        async with client(WorkerState(WorkerConfig(model="tiny"), engine)) as c:
+            r = await c.post("/v1/embeddings", json={"input": [[70, 71, 72], [73, 74]]},
+                             headers={"X-Tenant-Id": "embedder", "X-Tenant-Weight": "2"})
+        assert r.status_code == 200, r.text
+        assert engine.core.scheduler.fair.counters == {"embedder": 5 / 2}  # prompt tokens x1, over the weight
+    finally:
+        engine.shutdown()
