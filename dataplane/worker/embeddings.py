@@ -119,9 +119,9 @@ async def run(serving: Serving, prepared: tuple[list[list[int]], str, str | None
     status = "cancelled"
     try:
         outs = await race_disconnect(ctx.receive, asyncio.gather(*tasks))
-        failed = next((o for o in outs if o is None or o.embedding is None), None)
-        if failed is not None or None in outs:
-            reason = failed.outputs[0].error if failed is not None else None
+        missing = [o for o in outs if o is None or o.embedding is None]
+        if missing:  # the engine failed the request (its step raised), or it ended without a vector
+            reason = missing[0].outputs[0].error if missing[0] is not None else None
             raise errors.internal(f"The engine failed on an input: {reason or 'no vector came back'}")
         status = "ok"
     except errors.WorkerError:
