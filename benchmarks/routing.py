@@ -223,15 +223,15 @@ def table(rows: list[dict], args: argparse.Namespace, flags: list[str], env: dic
         verdict = (f"Target (cache-aware TTFT p95 ≤ 0.6× round-robin's at equal throughput): {ratio:.2f}× at "
                    f"{speed:.2f}× the requests/s: **{'met' if met else 'not met'}**.")
     return "\n".join([
-        "# Routing: round-robin vs least-loaded vs cache-aware (`python -m benchmarks.routing`)", "",
+        f"# Routing: {' vs '.join(r['policy'] for r in rows)} (`python -m benchmarks.routing`)", "",
         f"{args.workers} SmolLM2-135M workers ({' '.join(flags)}); {args.tenants} tenants with their own "
         f"~{args.system_words}-word system prompt, {args.users} users each, {args.turns}-turn chats, conversations "
         f"starting at {args.rate}/s (Poisson, seed {args.seed}), {args.max_tokens}-token answers (ignore_eos), "
         f"{args.think} s between turns; one unmeasured request per tenant first (steady state). Routed by the "
-        f"gateway's Registry.pick in the load generator's process. {args.rounds} passes per policy, the policies' "
+        f"gateway's Registry.pick in the load generator's process. Passes per policy: {args.rounds}, the policies' "
         "order rotated each round; TTFT percentiles pooled over the passes, throughput over their total time.",
         "", *lines, "", verdict, "",
-        f"Load average (1 min) at the start / end: {args.load_before:.1f} / {os.getloadavg()[0]:.1f}. {env['cpu']}, {env['threads']} thread(s) here, torch {env['torch']}, {env['when']}. The 2 CPU cores are "
+        f"Load average (1 min) at the start / end: {args.load_before:.1f} / {args.load_after:.1f}. {env['cpu']}, {env['threads']} thread(s) here, torch {env['torch']}, {env['when']}. The 2 CPU cores are "
         "shared by the workers, the load generator and other people's work on this host: absolute times move "
         "between runs; compare the policies within a run (same schedule, back to back)."])
 
@@ -285,6 +285,7 @@ def main() -> None:
             for proc in procs:
                 proc.wait(timeout=30)
     env_info = environment()
+    args.load_after = os.getloadavg()[0]
     text = table(rows, args, flags, env_info)
     print(text)
     write_results(args.name, {"env": env_info, "args": vars(args), "worker_flags": flags, "rows": rows}, text)
