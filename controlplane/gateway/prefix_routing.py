@@ -70,13 +70,18 @@ def prompt_text(kind: str, body: dict[str, Any]) -> str:
     prompt. Roles, names and tool calls are part of the key: they change the rendered tokens.
     """
     if kind == "chat":
-        head = orjson.dumps(body.get("tools") or [], option=orjson.OPT_SORT_KEYS).decode()
-        parts = [head] + [orjson.dumps(m, option=orjson.OPT_SORT_KEYS).decode() for m in body.get("messages", [])]
-        return "\x1e".join(parts)
+        return "\x1e".join([_dump(body.get("tools") or [])] + [_dump(m) for m in body.get("messages", [])])
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
         prompt = prompt[0]
     return prompt if isinstance(prompt, str) else ",".join(map(str, prompt or []))
+
+
+def _dump(value: Any) -> str:
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except orjson.JSONEncodeError:  # nested deeper than orjson writes (254 levels): any stable text will do
+        return repr(value)
 
 
 def prefix_key(text: str, cache_salt: str, model: str) -> PrefixKey:

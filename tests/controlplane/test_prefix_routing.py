@@ -47,6 +47,15 @@ def test_another_salt_or_model_shares_no_chunk() -> None:
 def test_completions_prompts_and_token_ids() -> None:
     assert prompt_text("completions", {"prompt": ["abc", "def"]}) == "abc"
     assert prompt_text("completions", {"prompt": [1, 2, 3]}) == "1,2,3"
+    assert prompt_text("completions", {"prompt": [[4, 5], [6]]}) == "4,5"
+
+
+def test_a_message_nested_deeper_than_json_encoders_go_still_gets_a_key() -> None:
+    deep: dict = {}
+    for _ in range(400):
+        deep = {"x": deep}
+    body = {"messages": [{"role": "user", "content": "hi", "tool_calls": [{"function": deep}]}]}
+    assert prompt_text("chat", body) == prompt_text("chat", body) and len(prompt_text("chat", body)) > 400
 
 
 def test_table_matches_the_leading_chain_and_forgets_deepest_chunks_first() -> None:
