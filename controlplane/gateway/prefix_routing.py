@@ -80,8 +80,8 @@ def prompt_text(kind: str, body: dict[str, Any]) -> str:
 def _dump(value: Any) -> str:
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-    except orjson.JSONEncodeError:  # nested deeper than orjson writes (254 levels): any stable text will do
-        return repr(value)
+    except orjson.JSONEncodeError:  # nested deeper than orjson writes (254 levels; the parser takes 1024)
+        return "\x00nested"  # such a message only loses its part of the key, the request still routes
 
 
 def prefix_key(text: str, cache_salt: str, model: str) -> PrefixKey:
