@@ -70,7 +70,13 @@ def prompt_text(kind: str, body: dict[str, Any]) -> str:
     prompt. Roles, names and tool calls are part of the key: they change the rendered tokens.
     """
     if kind == "chat":
-        return "\x1e".join([_dump(body.get("tools") or [])] + [_dump(m) for m in body.get("messages", [])])
+        parts, size = [_dump(body.get("tools") or [])], 0
+        for message in body.get("messages", []):
+            if size > MAX_ROUTE_CHARS:  # only the head is hashed: a long history costs no more
+                break
+            parts.append(_dump(message))
+            size += len(parts[-1])
+        return "\x1e".join(parts)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
         prompt = prompt[0]
