@@ -6,21 +6,11 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 
+from billing.admin import ReadOnlyAdmin as ReadOnly
 from controlplane.errors import ApplicationError
 
 from .models import Batch, BatchLine, StoredFile
 from .services import batch_cancel
-
-
-class ReadOnly(admin.ModelAdmin):
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 @admin.register(StoredFile)
