@@ -117,7 +117,8 @@ def test_admin_actions_and_forms(admin_client, admin_user, tenant):
     tier = tenant.tier
     form = {"name": tier.name, "description": "", "priority": 1, "requests_per_minute": 42, "tokens_per_minute": "",
             "max_concurrent_requests": "", "monthly_token_budget": "", "monthly_spend_budget": "9.99",
-            "budget_enforcement": "soft", "slo_ttft_p95_ms": "", "slo_itl_p95_ms": "", "slo_availability_pct": ""}
+            "budget_enforcement": "soft", "slo_ttft_p95_ms": "", "slo_itl_p95_ms": "", "slo_availability_pct": "",
+            "fair_share_weight": 1}
     response = admin_client.post(f"/admin/tenants/tier/{tier.pk}/change/", form)
     assert response.status_code == 302, response.content[-3000:]
     assert one("tier.update").changes == {"priority": [5, 1], "requests_per_minute": [None, 42],

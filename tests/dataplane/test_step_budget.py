@@ -107,9 +107,10 @@ def test_engine_feeds_the_model_with_its_own_step_times(smollm_fp32):
     from dataplane import LLM, SamplingParams
     from tests.dataplane.conftest import MODEL
 
-    llm = LLM(MODEL, dtype="float32", preloaded=smollm_fp32, max_num_seqs=8, max_num_batched_tokens=32,
-              kv_cache_memory="32MiB", itl_guard_priority=10, itl_guard_step_ms=500)
-    prompts = [list(range(100 + i, 100 + i + n)) for i, n in enumerate((5, 40, 70, 12))]
+    # Steps from 1 to 128 tokens: a wide spread, so the slope shows through a loaded host's noise.
+    llm = LLM(MODEL, dtype="float32", preloaded=smollm_fp32, max_num_seqs=8, max_num_batched_tokens=128,
+              kv_cache_memory="64MiB", itl_guard_priority=10, itl_guard_step_ms=500)
+    prompts = [list(range(100 + i, 100 + i + n)) for i, n in enumerate((5, 200, 300, 12))]
     llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
     model = llm.core.scheduler.step_cost
     assert model._n >= 12  # every step with tokens was observed
