@@ -232,7 +232,7 @@ def table(rows: list[dict], args: argparse.Namespace, flags: list[str], env: dic
         "order rotated each round; TTFT percentiles pooled over the passes, throughput over their total time.",
         "", *lines, "", verdict, "",
         f"Load average (1 min) at the start / end: {args.load_before:.1f} / {args.load_after:.1f}. {env['cpu']}, {env['threads']} thread(s) here, torch {env['torch']}, {env['when']}. The 2 CPU cores are "
-        "shared by the workers, the load generator and other people's work on this host: absolute times move "
+        "shared by the workers, the load generator and other work's work on this host: absolute times move "
         "between runs; compare the policies within a run (same schedule, back to back)."])
 
 
