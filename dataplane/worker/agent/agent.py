@@ -116,8 +116,7 @@ class Agent:
     def _consume(self) -> None:
         while True:
             # A fresh event loop for every consumer: Celery's Hub step reuses kombu's process-wide loop
-            # when anything in the process has set one, and a stopped consumer has closed that loop. A
-            # restarted consumer on it was ready but never took a task (seen in the full test suite).
+            # when anything in the process has set one, and a stopped consumer has closed that loop.
             set_event_loop(None)
             self._consumer = _Consumer(
                 app=tasks.app, hostname=f"agent@{self.settings.worker_id}", pool_cls="threads", concurrency=1,

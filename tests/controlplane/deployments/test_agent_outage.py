@@ -80,9 +80,7 @@ def scenario(broker_url: str) -> None:
 
         control.specs[7] = spec(replica_id=7)
         sender.send_task("deployments.load_model", args=[7, 1], queue=settings.queue)
-        # In the full suite, where other code had set kombu's process-wide event loop, the restarted
-        # consumer reused that loop, closed by the first one's stop, and never took this message
-        # (agent.py now gives every consumer a fresh loop).
+        # The restarted consumer has a loop of its own, not the one the first consumer's stop closed.
         _until(lambda: control.reports, 60, "the load to be reported")
         assert agent._consumer.hub is not first.hub
         assert control.reports[0] == (7, {"attempt": 1, "status": "ready", "load_seconds": StubSlot.load_seconds,
