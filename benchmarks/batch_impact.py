@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 import orjson
 
-from benchmarks.common import environment, fmt, write_results
+from benchmarks.common import environment, fmt, setup_script, write_results
 from benchmarks.gateway import free_port, wait_http
 from benchmarks.load import MODEL, TIERS, WORKER_FLAGS, drive, summarize
 from benchmarks.serve import wait_ready
@@ -46,11 +46,7 @@ PREMIUM = TIERS[-1]
 
 def prepare(env: dict) -> dict[str, str]:
     script = (
-        "import django, json, datetime, decimal; django.setup();"
-        "from django.core.management import call_command; call_command('migrate', verbosity=0);"
-        "from billing.services.prices import price_create; D = decimal.Decimal;"
-        f"price_create(model={MODEL!r}, input_per_mtok=D('0.10'), cached_input_per_mtok=D('0.05'),"
-        " output_per_mtok=D('0.40'), effective_from=datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC));"
+        setup_script(MODEL) +
         "from tenants import services; keys = {};"
         f"tier = services.tier_create(name='impact-premium', priority={PREMIUM[1]}, slo_ttft_p95_ms={PREMIUM[2]},"
         f" slo_itl_p95_ms={PREMIUM[3]});"

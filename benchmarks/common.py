@@ -67,3 +67,15 @@ def fmt(v: float | None, digits: int = 1) -> str:
 
 def mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
+
+
+def setup_script(model: str) -> str:
+    """The start of a `python -c` set-up script: Django set up, the database migrated, and `model`
+    priced like production (so metering prices every request; unpriced usage logs an error each)."""
+    return (
+        "import django, json, datetime, decimal; django.setup();"
+        "from django.core.management import call_command; call_command('migrate', verbosity=0);"
+        "from billing.services.prices import price_create; D = decimal.Decimal;"
+        f"price_create(model={model!r}, input_per_mtok=D('0.10'), cached_input_per_mtok=D('0.05'),"
+        " output_per_mtok=D('0.40'), effective_from=datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC));"
+    )

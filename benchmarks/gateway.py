@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.common import percentile, write_results
+from benchmarks.common import percentile, setup_script, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,11 +63,7 @@ def wait_http(url: str, timeout: float = 60.0) -> None:
 def prepare_database(env: dict[str, str], model: str) -> str:
     """Migrate a fresh database, price the model, create an unlimited bench tenant; returns its key."""
     script = (
-        "import django, datetime, decimal; django.setup();"
-        "from django.core.management import call_command; call_command('migrate', verbosity=0);"
-        "from billing.services.prices import price_create; D = decimal.Decimal;"
-        f"price_create(model={model!r}, input_per_mtok=D('0.10'), cached_input_per_mtok=D('0.05'),"
-        " output_per_mtok=D('0.40'), effective_from=datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC));"
+        setup_script(model) +
         "from tenants import services;"
         "tier = services.tier_create(name='bench', priority=0);"
         "tenant, created = services.tenant_create_with_key(name='Bench', tier=tier);"

@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 import orjson
 
-from benchmarks.common import environment, fmt, percentile, write_results
+from benchmarks.common import environment, fmt, percentile, setup_script, write_results
 from benchmarks.gateway import free_port, wait_http
 from benchmarks.serve import wait_ready
 
@@ -53,12 +53,7 @@ GATEWAY_SHED = "20=6,30=2"  # gateway sheds standard at 6 queued, free at 2 (the
 
 def prepare(env: dict) -> dict[str, str]:
     script = (
-        "import django, json, datetime, decimal; django.setup();"
-        "from django.core.management import call_command; call_command('migrate', verbosity=0);"
-        # Priced like production, so metering prices every request (unpriced usage logs an error each).
-        "from billing.services.prices import price_create; D = decimal.Decimal;"
-        f"price_create(model={MODEL!r}, input_per_mtok=D('0.10'), cached_input_per_mtok=D('0.05'),"
-        " output_per_mtok=D('0.40'), effective_from=datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC));"
+        setup_script(MODEL) +
         "from tenants import services; keys = {};"
         f"tiers = {TIERS!r};"
         "\nfor name, prio, ttft, itl in tiers:"
