@@ -225,19 +225,18 @@ def test_the_chat_templates_overhead_is_counted_once_per_chat_request(settings):
 
 
 def test_the_estimate_errs_high_against_smollm2_on_prose(settings):
-    """With SmolLM2's real tokenizer and chat template (when cached locally): never below the truth for
-    prose. Not a bound in general: SmolLM2 splits digits one per token, so numbers run ~1 byte/token,
-    CJK ~1.4, JSON ~1.8, code ~2.2 (measured; docs/controlplane.md, Input limits)."""
-    import pathlib
-
-    folder = pathlib.Path.home() / ".cache/tessera/tokenizers/4fcd53ee5cedb18fd60a7c82"
-    if not (folder / "tokenizer.json").exists():
-        pytest.skip("SmolLM2's tokenizer is not cached here")
+    """With SmolLM2's real tokenizer and chat template: never below the truth for prose. Not a bound in
+    general: SmolLM2 splits digits one per token, so numbers run ~1 byte/token, CJK ~1.4, JSON ~1.8,
+    code ~2.2 (measured; docs/controlplane.md, Input limits)."""
     import jinja2
-    from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    template = jinja2.Environment().from_string((folder / "chat_template.jinja").read_text())
+    from dataplane.models.registry import resolve_model_path
+    from dataplane.models.tokenizer import Tokenizer
+
+    # Converted from the installed GGUF (cached on disk after the first time), so this never skips.
+    smollm2 = Tokenizer.from_gguf(resolve_model_path("smollm2-135m-instruct"), ())
+    tokenizer = smollm2.backend
+    template = jinja2.Environment().from_string(smollm2.hf.chat_template)
     conversations = [
         [{"role": "user", "content": "Hi"}],
         [{"role": "user", "content": "Tell me about the weather in Paris. " * 20}, {"role": "assistant", "content": "Sunny."}],
