@@ -25,12 +25,13 @@ def _sign_in(driver, base_url: str, username: str) -> None:
 
 def _save(driver) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.controlplane.doors_browser import gone
 
     page = driver.find_element(By.TAG_NAME, "html")
     driver.find_element(By.NAME, "_save").click()
-    WebDriverWait(driver, 30).until(expected_conditions.staleness_of(page))
+    WebDriverWait(driver, 30).until(lambda d: gone(page))
 
 
 def test_operator_change_is_audited_and_finance_reads_it_read_only(browser, live_server, make_user):  # noqa: F811

@@ -38,7 +38,6 @@ def csp_violations(driver) -> list[str]:
 def submit(driver, fields: dict[str, str]) -> None:
     """Fill the page's form, submit it and wait for the answer's page to load."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
     for name, value in fields.items():
@@ -48,8 +47,22 @@ def submit(driver, fields: dict[str, str]) -> None:
     page = driver.find_element(By.TAG_NAME, "html")
     driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
     # click() returns before the POST's answer is loaded: wait for the old page to go, then the new one.
-    WebDriverWait(driver, 30).until(expected_conditions.staleness_of(page))
+    WebDriverWait(driver, 30).until(lambda d: gone(page))
     WebDriverWait(driver, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")
+
+
+def gone(element) -> bool:
+    """True once `element`'s document has been replaced. Selenium's staleness_of catches only
+    StaleElementReferenceException, but while the old document is being torn down Chromium can answer
+    "Node with given id does not belong to the document" as a plain WebDriverException: that, too,
+    means the old page is gone (it failed this wait once in CI)."""
+    from selenium.common.exceptions import WebDriverException
+
+    try:
+        element.is_enabled()
+    except WebDriverException:
+        return True
+    return False
 
 
 def sign_in(driver, base_url: str, username: str, password: str) -> None:
