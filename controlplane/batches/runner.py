@@ -1,7 +1,8 @@
 """Running a batch's lines through the gateway's own request path, in the Celery worker's process.
 
 Each line goes through `proxy.handle` with the batch's key principal (so its limits, budgets, usage
-journal, exact metering and billing are a chat request's), under its line's request id and marked
+journal, exact metering and billing are a direct request's to the batch's endpoint: chat, completions
+or embeddings, each on its own price line at the batch share), under its line's request id and marked
 with the batch, at X-Priority TESSERA_BATCH_PRIORITY (after every online tier in the worker's
 scheduler; the gateway's shedding refuses it first). A line is sent only while some worker that
 serves its model has nothing waiting and a free seat: batch work fills what online traffic leaves.

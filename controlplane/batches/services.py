@@ -19,7 +19,9 @@ from controlplane.errors import ApplicationError
 from . import files, signals
 from .models import Batch, BatchLine, StoredFile
 
-ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+# A batch's endpoint -> the gateway's request kind its lines are sent as (proxy.handle): an embeddings
+# line meets the embeddings path's parsing, limits and price line, at the batch share.
+ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 WINDOWS = {"24h": dt.timedelta(hours=24)}
 MAX_ERRORS = 100  # validation errors shown on a failed batch
 TERMINAL = {Batch.Status.COMPLETED, Batch.Status.FAILED, Batch.Status.EXPIRED, Batch.Status.CANCELLED}
@@ -72,9 +74,9 @@ def _line_errors(data: bytes, endpoint: str) -> tuple[list[BatchLine], list[dict
                   "custom_id")
         elif item.get("method", "POST") != "POST":
             error(number, "invalid_method", "Only POST requests are supported in a batch.", "method")
-        elif item.get("url") != endpoint:
+        elif item.get("url") != endpoint:  # one endpoint per batch, as OpenAI's: no mixed files
             error(number, "mismatched_url", f"The line's url {item.get('url')!r} is not the batch's endpoint "
-                  f"{endpoint!r}.", "url")
+                  f"{endpoint!r}; every line of a batch must use its endpoint.", "url")
         elif not isinstance(body, dict) or not isinstance(body.get("model"), str):
             error(number, "invalid_body", "body must be an object naming a model.", "body")
         elif body.get("stream"):

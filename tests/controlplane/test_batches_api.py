@@ -146,10 +146,27 @@ def test_batch_validation_failures(client_for):
     assert failed.status == "failed" and failed.failed_at
     assert [(e.code, e.line) for e in failed.errors.data] == [
         ("duplicate_custom_id", 2), ("mismatched_url", 3), ("invalid_body", 4)]
-    for kwargs in ({"endpoint": "/v1/embeddings", "completion_window": "24h"},
+    for kwargs in ({"endpoint": "/v1/responses", "completion_window": "24h"},
                    {"endpoint": "/v1/chat/completions", "completion_window": "1h"}):
         with pytest.raises(openai.BadRequestError):
             client.batches.create(input_file_id=source.id, **kwargs)
+
+
+def test_a_batch_has_one_endpoint(client_for, workers):
+    """OpenAI's rule: every line's url is the batch's endpoint. A chat line in an embeddings batch (or
+    an embeddings line in a chat batch) fails validation naming the line, and nothing is sent."""
+    _, client = client_for()
+    embedding = {"custom_id": "e", "method": "POST", "url": "/v1/embeddings",
+                 "body": {"model": "fake-model", "input": "x"}}
+    source = client.files.create(file=("in.jsonl", io.BytesIO(_jsonl([embedding, _line("c")]))), purpose="batch")
+    for endpoint, line in (("/v1/embeddings", 2), ("/v1/chat/completions", 1)):
+        batch = client.batches.create(input_file_id=source.id, endpoint=endpoint, completion_window="24h")
+        assert batch.endpoint == endpoint
+        assert _run(batch.id) == "failed"
+        (error,) = client.batches.retrieve(batch.id).errors.data
+        assert (error.code, error.line, error.param) == ("mismatched_url", line, "url")
+        assert endpoint in error.message and "every line of a batch must use its endpoint" in error.message
+    assert not [r for w in workers for r in w.received]
 
 
 def test_cancel_keeps_answered_lines_and_stops_new_ones(client_for):
