@@ -71,6 +71,14 @@ def _inputs(serving: Serving, value: str | list) -> list[list[int]]:
 
 def prepare(serving: Serving, raw: bytes, allowance: int | None) -> tuple[list[list[int]], str, str | None]:
     """(token ids per input, encoding, adapter): every check that needs no engine step, before anything queues."""
+    try:
+        return _prepare(serving, raw, allowance)
+    except errors.WorkerError:
+        serving.metrics.embedding("rejected")
+        raise
+
+
+def _prepare(serving: Serving, raw: bytes, allowance: int | None) -> tuple[list[list[int]], str, str | None]:
     req = _parse(EmbeddingRequest, raw)
     refuse_unknown(req.model_extra)
     adapter = resolve_model(req.model, serving.config.model_id, serving.engine)
@@ -107,7 +115,11 @@ def prepare(serving: Serving, raw: bytes, allowance: int | None) -> tuple[list[l
 async def run(serving: Serving, prepared: tuple[list[list[int]], str, str | None], ctx: RequestContext) -> Response:
     ids, encoding, adapter = prepared
     prio = _priority(ctx.priority, None)
-    serving._admit(prio)
+    try:
+        serving._admit(prio)
+    except errors.WorkerError:
+        serving.metrics.embedding("rejected")
+        raise
     params = SamplingParams(max_tokens=0, pooling=serving.config.pooling)
     usage = serving.usage.start(ctx.request_id, sum(map(len, ids)), len(ids))
     rids = [serving._claim(ctx.request_id if len(ids) == 1 else f"{ctx.request_id}-{i}") for i in range(len(ids))]
@@ -141,6 +153,8 @@ async def run(serving: Serving, prepared: tuple[list[list[int]], str, str | None
             await g.aclose()
         serving.active.difference_update(rids)
         serving.usage.finish(usage, status)
+        if status != "ok":
+            serving.metrics.embedding("error" if status == "engine_error" else status)
     tokens = sum(map(len, ids))
     log.info("embeddings finished", extra={"request_id": ctx.request_id, "tenant": ctx.tenant, "inputs": len(ids),
                                            "prompt_tokens": tokens, "priority": prio,
@@ -149,7 +163,9 @@ async def run(serving: Serving, prepared: tuple[list[list[int]], str, str | None
                                        for i, o in enumerate(outs)],
             "model": adapter or serving.config.model_id,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-    return Response(orjson.dumps(body), media_type="application/json")
+    response = Response(orjson.dumps(body), media_type="application/json")
+    serving.metrics.embedding("ok", priority=prio, prompt_tokens=tokens, seconds=time.monotonic() - ctx.started)
+    return response
 
 
 async def _last(gen) -> RequestOutput | None:  # noqa: ANN001

@@ -31,6 +31,14 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    240.0, 480.0, 960.0, 1920.0, 7680.0)
 
 
+EMBEDDING_STATUSES = ("ok", "rejected", "error", "cancelled")
+
+
+def priority_label(priority: int) -> str:
+    """Bounded label values: a client may send any body priority (it can only lower its own)."""
+    return str(priority) if -MAX_PRIORITY_LABEL <= priority <= MAX_PRIORITY_LABEL else "other"
+
+
 class EngineCollector(Collector):
     """Gauges and cumulative counters from `SchedulerStats`, read when Prometheus scrapes."""
 
@@ -139,18 +147,39 @@ class WorkerMetrics:
         # as json (their grammar is a schema).
         self.structured = Counter(P + "structured_output_requests", "Requests whose output a grammar constrains",
                                   ["model_name", "kind"], registry=r)
+        # Embeddings (/v1/embeddings) apart from generation: they finish with no token, so TTFT, ITL, e2e
+        # and request_success never see them. An embedding is one prefill, hence the TTFT buckets.
+        self.embedding_requests = Counter(
+            P + "embedding_requests", "Embedding requests by outcome: ok; rejected (their checks or a full queue); "
+            "error (the engine failed); cancelled (the client left)", ["model_name", "status"], registry=r)
+        self.embedding_prompt_tokens = Counter(P + "embedding_prompt_tokens", "Input tokens of embedding requests "
+                                               "answered (prefix-cache hits included)", ["model_name"], registry=r)
+        self.embedding_duration = LoopHistogram(P + "embedding_request_duration_seconds",
+                                                "Embedding request accepted to answer", lat, TTFT_BUCKETS)
+        r.register(self.embedding_duration)
+        for status in EMBEDDING_STATUSES:  # every series from the start: a rate() over 0 -> 1 is not missed
+            self.embedding_requests.labels(model_name, status)
+        self.embedding_prompt_tokens.labels(model_name)
         r.register(EngineCollector(model_name, stats))
         self._children: dict[str, tuple] = {}
 
     def trace(self, priority: int, started: float) -> RequestTrace:
-        # Bounded label values: a client may send any body priority (it can only lower its own).
-        key = str(priority) if -MAX_PRIORITY_LABEL <= priority <= MAX_PRIORITY_LABEL else "other"
+        key = priority_label(priority)
         children = self._children.get(key)
         if children is None:
             labels = (self.model_name, key)
             children = self._children[key] = (self.ttft.labels(*labels), self.itl.labels(*labels),
                                               self.e2e.labels(*labels), self.queue.labels(*labels))
         return RequestTrace(self, key, children, started)
+
+    def embedding(self, status: str, *, priority: int = 0, prompt_tokens: int = 0, seconds: float | None = None
+                  ) -> None:
+        """One embedding request's outcome; its tokens and duration when it was answered (`ok`)."""
+        self.embedding_requests.labels(self.model_name, status).inc()
+        if status == "ok":
+            self.embedding_prompt_tokens.labels(self.model_name).inc(prompt_tokens)
+            if seconds is not None:
+                self.embedding_duration.labels(self.model_name, priority_label(priority)).observe(seconds)
 
     def reject(self, reason: str) -> None:
         self.rejected.labels(self.model_name, reason).inc()

@@ -129,3 +129,40 @@ async def test_the_inputs_count_toward_the_tenants_fair_share(tiny):
         assert engine.core.scheduler.fair.counters == {"embedder": 5 / 2}  # prompt tokens x1, over the weight
     finally:
         engine.shutdown()
+
+
+async def test_metrics_count_embedding_requests_by_outcome_their_tokens_and_durations(tiny):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    engine = AsyncLLM(ModelConfig("tiny", dtype="float32"), CacheConfig(block_size=4, kv_cache_memory="1MiB"),
+                      progress=False, preloaded=tiny[0])
+    state = WorkerState(WorkerConfig(model="tiny", max_embedding_inputs=2), engine)  # fresh metrics
+    try:
+        async with client(state) as c:
+            ok = [await c.post("/v1/embeddings", json={"input": [[5, 6, 7], [8, 9]]}, headers={"X-Priority": "3"}),
+                  await c.post("/v1/embeddings", json={"input": "w1 w2 w3"})]
+            refused = [await c.post("/v1/embeddings", json={"input": "w1", "dimensions": 8}),
+                       await c.post("/v1/embeddings", json={"input": ["w1"] * 3})]
+            generated = await c.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 2})
+            scraped = (await c.get("/metrics")).text
+    finally:
+        engine.shutdown()
+    assert [r.status_code for r in ok] == [200, 200] and [r.status_code for r in refused] == [400, 400]
+    assert generated.status_code == 200, generated.text  # generation is not counted as an embedding
+    tokens = sum(r.json()["usage"]["prompt_tokens"] for r in ok)
+    assert tokens == 5 + len(engine.tokenizer.encode("w1 w2 w3"))
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(scraped) for s in f.samples}
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted({"model_name": "tiny", **labels}.items())))]
+
+    assert {status: value("tessera:embedding_requests_total", status=status)
+            for status in ("ok", "rejected", "error", "cancelled")} == {"ok": 2, "rejected": 2, "error": 0,
+                                                                         "cancelled": 0}
+    assert value("tessera:embedding_prompt_tokens_total") == tokens
+    for priority in ("3", "0"):
+        assert value("tessera:embedding_request_duration_seconds_count", priority=priority) == 1
+        assert value("tessera:embedding_request_duration_seconds_bucket", priority=priority, le="+Inf") == 1
+        assert 0 < value("tessera:embedding_request_duration_seconds_sum", priority=priority) < 60
+    assert value("tessera:e2e_request_latency_seconds_count", priority="0") == 1  # the completion only
