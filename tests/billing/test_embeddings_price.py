@@ -51,6 +51,25 @@ def test_invoice_line_roll_up_and_spend_estimate(make_price, make_event, ingest,
     assert price_estimate(**kwargs) == Decimal("0.15")
 
 
+def test_an_embeddings_batch_line_is_priced_at_the_embeddings_rate_times_the_batch_share(make_price, make_event,
+                                                                                        ingest, tenant):
+    from billing import services
+    from billing.selectors import price_estimate
+
+    make_price(embedding_input_per_mtok=Decimal("0.02"), batch_percent=40)
+    record = ingest(make_event(embeddings=True, batch_id="batch_e", prompt_tokens=5000, cached_tokens=100,
+                               completion_tokens=0))
+    assert record.amount == Decimal(5000) * Decimal("0.008") / 10**6  # 0.02 x 40%, cached tokens too
+    invoice = services.invoice_draft_build(tenant=tenant, month=date(2026, 11, 1))
+    lines = [x for x in invoice.lines.filter(kind="usage") if x.description.endswith("(batch) (embeddings)")]
+    assert sorted((x.meter, x.quantity) for x in lines) == [("cached_input", 100), ("input", 4900)]
+    assert {x.unit_price for x in lines} == {Decimal("0.008")}  # cached or not: one rate
+    assert sum(x.exact_amount for x in lines) == record.amount
+    kwargs = dict(model="llama-8b", adapter=None, tier=None, prompt_tokens=10**6, completion_tokens=0,
+                  at=datetime(2026, 11, 15, tzinfo=UTC))
+    assert price_estimate(**kwargs, embeddings=True, batch=True) == Decimal("0.008")
+
+
 def test_a_negative_embeddings_rate_is_refused(make_price):
     from billing.errors import BillingError
 
