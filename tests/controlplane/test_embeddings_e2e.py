@@ -100,7 +100,7 @@ def _embedding_line(custom_id: str, **body) -> dict:
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings", "body": {"model": MODEL, **body}}
 
 
-def test_embeddings_batch_answers_each_line_once_at_the_batch_rate(served, reference, gateway, tmp_path):
+def test_embeddings_batch_answers_each_line_once_at_the_batch_rate(served, reference, gateway, tmp_path, real_worker):
     """A `/v1/embeddings` batch through the real runner: each output line's body is the embeddings
     response (vectors the engine computes), a bad line lands in the error file, and the ledger holds one
     row per answered line at the embeddings rate x the batch share, even for a line a dead runner had
@@ -122,6 +122,8 @@ def test_embeddings_batch_answers_each_line_once_at_the_batch_rate(served, refer
 
     # A runner that died after its first line was served and billed, before the line said answered.
     from controlplane.batches.services import batch_validate
+
+    before = real_worker.metrics()
 
     batch_validate(batch_id=batch.id)
     (dead,) = batch_lines.line_claim(batch_id=batch.id, limit=1)
@@ -157,6 +159,18 @@ def test_embeddings_batch_answers_each_line_once_at_the_batch_rate(served, refer
         assert record.embeddings and record.completion_tokens == 0
         assert record.prompt_tokens == o["response"]["body"]["usage"]["prompt_tokens"]
         assert record.amount == record.prompt_tokens * RATE / 2 / 10**6  # the default batch share: half
+    # The worker computed the dead runner's line twice (it cannot know), and says so in its metrics.
+    after = real_worker.metrics()
+    served_tokens = sum(o["response"]["body"]["usage"]["prompt_tokens"] for o in output.values())
+
+    def delta(name: str, **labels: str) -> float:
+        key = name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted({"model_name": MODEL, **labels}.items())) + "}"
+        return after.get(key, 0) - before.get(key, 0)
+
+    assert delta("tessera:embedding_requests_total", status="ok") == 4
+    assert delta("tessera:embedding_requests_total", status="rejected") == 1
+    assert delta("tessera:embedding_prompt_tokens_total") == served_tokens + billed[dead.request_id].prompt_tokens
+    assert delta("tessera:embedding_request_duration_seconds_count", priority="other") == 4  # batch lines: 1000
     assert async_to_sync(run)(batch.id) == "completed"  # a finished batch run again bills nothing more
     assert UsageRecord.objects.filter(batch_id=batch.id, prompt_tokens__gt=0).count() == 3
 
