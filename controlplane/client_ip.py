@@ -11,6 +11,7 @@ below Django's middleware), so both doors count the same client under the same k
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 from collections.abc import Iterable, Mapping
@@ -38,6 +39,7 @@ def trusted_proxy_hops() -> int:
         return 0
 
 
+@functools.lru_cache(maxsize=4096)  # ipaddress is slow and a client sends many requests from one address
 def normalize(address: str | None) -> str | None:
     """The canonical text of an IP address (IPv4-mapped IPv6 as IPv4, ports and brackets dropped); None if not one."""
     if not address:

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import math
@@ -56,6 +57,7 @@ FAILURES = Counter("tessera_auth_key_failures", "Failed API-key authentications 
                    "a 401 the store could not count)", ["door", "outcome"], registry=REGISTRY)
 
 
+@functools.lru_cache(maxsize=4096)  # on every /v1 request, twice: ipaddress parsing is not cheap
 def address_key(address: str | None) -> str:
     """What failures are counted under: the IPv4 address, or the IPv6 address's /64."""
     try:
