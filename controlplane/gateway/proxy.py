@@ -31,7 +31,7 @@ from controlplane.slo import content_log
 from controlplane.slo import metrics as slo_metrics
 from tenants import auth, auth_throttle
 from tenants.auth import KeyPrincipal
-from tenants.limits import LimitPlan, get_limiter, period_start
+from tenants.limits import LimitPlan, get_limiter, period_start, refusals
 
 from . import accounting, admission, journal, outages, parsing, upstream, usage_writer, worker_usage
 from .accounting import Meter
@@ -87,7 +87,8 @@ async def principal_for(authorization: str | None, *, lookup: bool = True) -> Ke
 
 async def authenticate(request: HttpRequest) -> KeyPrincipal:
     # Failed keys are throttled per client address; a valid key pays nothing for it (auth_throttle.py).
-    principal = await auth_throttle.guarded(client_ip(request), request.headers.get("Authorization"), principal_for)
+    # META, not request.headers: building that mapping of every header cost more than the rest of a refusal.
+    principal = await auth_throttle.guarded(client_ip(request), request.META.get("HTTP_AUTHORIZATION"), principal_for)
     accounting.note_key_used(principal.key_id)
     return principal
 
@@ -135,8 +136,12 @@ async def reserve(principal: KeyPrincipal, parsed: parsing.ParsedRequest, target
                 code="billing_unavailable", status=503,
             ) from exc
     plan = LimitPlan(principal.tenant_id, request_id, principal.limits, tokens, spend)
+    remembered = refusals.recall(plan)  # a tenant out of requests per minute: no limiter round trip
+    if remembered is not None:
+        raise refusal(remembered, principal.tenant_slug, plan.tokens)
     limiter = get_limiter()
     period = period_start()
+    asked_at = time.monotonic()
     decision = await limiter.reserve(plan)
     if decision is None:  # no counter for this month (a new month, or Redis lost it): seed from the ledger
         try:
@@ -150,6 +155,7 @@ async def reserve(principal: KeyPrincipal, parsed: parsing.ParsedRequest, target
             ) from exc
         decision = await limiter.reserve(plan, seed=seed)
     if not decision.allowed:
+        refusals.remember(plan, decision, asked_at)
         raise refusal(decision, principal.tenant_slug, plan.tokens)
     return plan, period, decision
 

@@ -31,5 +31,8 @@ def get_limiter() -> Limiter:
 
 
 def reset_limiter() -> None:
-    """Forget the instance (tests switch backends; settings changed)."""
+    """Forget the instance (tests switch backends; settings changed), and the refusals it gave."""
+    from . import refusals
+
     _limiter.cache_clear()
+    refusals.clear()

@@ -1,0 +1,82 @@
+"""A tenant out of requests per minute is refused from memory until its bucket can hold a request again.
+
+Under a flood from one tenant over its RPM, every request used to cost a limiter round trip (a Lua
+script in Redis, a row lock in the database) to learn what the previous one had already said. A
+requests-per-minute refusal is certain to hold until its retry-after: that bucket only refills at
+its steady rate (nothing else raises it: settling refunds tokens, not requests), and other gateway
+processes can only take from it. So this process remembers the refusal per tenant and answers the
+tenant's requests until then with the same decision, its windows and retry-after moved on by the
+time since (the tokens window's remaining count is the refill-projected one; a refund settled
+meanwhile shows up at the next round trip).
+
+Only "requests" refusals are remembered: a token, concurrency or budget refusal can end early (a
+settle refunds tokens, frees a slot). A request too large for the tokens window still goes to the
+limiter, which answers `too_large` first, as it always has. The memory is keyed by tenant and
+checked against the tenant's current limits, so a tier change takes effect at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+
+from .base import Decision, LimitPlan, TenantLimits, WindowState
+
+_MAX = 100_000  # tenants remembered before the memory is emptied
+
+
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    limits: TenantLimits
+    decision: Decision
+    asked_at: float  # monotonic time the limiter was asked: its clock read at or after this
+    until: float
+
+
+_memo: dict[int, _Refusal] = {}
+_lock = threading.Lock()
+
+
+def clear() -> None:
+    with _lock:
+        _memo.clear()
+
+
+def remember(plan: LimitPlan, decision: Decision, asked_at: float) -> None:
+    """Keep a requests-per-minute refusal the limiter gave for `plan`, asked at monotonic `asked_at`."""
+    if decision.allowed or decision.reason != "requests" or decision.retry_after <= 0:
+        return
+    # The bucket reaches one request at the limiter's time of asking + retry_after, which is no earlier
+    # than asked_at + retry_after: remembering until then never refuses what the limiter would admit.
+    entry = _Refusal(plan.limits, decision, asked_at, asked_at + decision.retry_after)
+    with _lock:
+        if len(_memo) >= _MAX:
+            _memo.clear()
+        _memo[plan.tenant_id] = entry
+
+
+def recall(plan: LimitPlan, now: float | None = None) -> Decision | None:
+    """The remembered refusal for this tenant, moved on to `now`; None: ask the limiter."""
+    entry = _memo.get(plan.tenant_id)
+    if entry is None:
+        return None
+    now = time.monotonic() if now is None else now
+    if now >= entry.until or entry.limits != plan.limits:
+        _memo.pop(plan.tenant_id, None)
+        return None
+    tpm = plan.limits.tokens_per_minute
+    if tpm is not None and plan.tokens > tpm:
+        return None  # the limiter's answer is `too_large`, which it checks before the request count
+    elapsed = now - entry.asked_at
+    d = entry.decision
+    return replace(d, retry_after=entry.until - now, requests=_later(d.requests, elapsed),
+                   tokens=_later(d.tokens, elapsed))
+
+
+def _later(window: WindowState | None, elapsed: float) -> WindowState | None:
+    """A token bucket's window `elapsed` seconds on: refilled at limit/60 a second, never over its limit."""
+    if window is None:
+        return None
+    refilled = int(window.remaining + elapsed * window.limit / 60)
+    return WindowState(window.limit, min(window.limit, refilled), max(0.0, window.reset_seconds - elapsed))

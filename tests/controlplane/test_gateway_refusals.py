@@ -1,0 +1,105 @@
+"""A tenant over its requests per minute is refused cheaply: after the limiter's first refusal, its
+requests are answered from this process's memory (no database query, no limiter call, no worker),
+with the same OpenAI error and rate-limit headers, until its bucket can hold a request again."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db.backends.utils import CursorWrapper
+
+from tenants.limits import Decision, LimitPlan, WindowState, refusals
+
+from .asgi_driver import call
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHAT = json.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}).encode()
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts of database queries (any thread, any connection) and limiter reservations."""
+    from tenants.limits import get_limiter
+
+    counts = {"queries": 0, "reserves": 0}
+    execute = CursorWrapper._execute_with_wrappers
+
+    def counting_execute(self, *args, **kwargs):
+        counts["queries"] += 1
+        return execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(CursorWrapper, "_execute_with_wrappers", counting_execute)
+    limiter = get_limiter()
+    reserve = limiter.reserve
+
+    async def counting_reserve(*args, **kwargs):
+        counts["reserves"] += 1
+        return await reserve(*args, **kwargs)
+
+    monkeypatch.setattr(limiter, "reserve", counting_reserve)
+    return counts
+
+
+@pytest.mark.parametrize("backend", ["database", pytest.param("redis", marks=pytest.mark.redis)])
+async def test_a_refused_tenant_costs_no_query_no_limiter_call_and_no_worker(backend, request, gateway, tenant_key,
+                                                                               workers, drain):
+    if backend == "redis":
+        request.getfixturevalue("use_redis_limiter")
+    gateway.TESSERA_AUTH_CACHE_SECONDS = 60.0  # the key from the process cache, as in production
+    from controlplane.asgi import application
+
+    _, secret = await tenant_key(requests_per_minute=1)
+    headers = {"authorization": f"Bearer {secret}"}
+    admitted = await call(application, "/v1/chat/completions", [CHAT], headers=headers)
+    first = await call(application, "/v1/chat/completions", [CHAT], headers=headers)  # the limiter refuses
+    assert (admitted.status, first.status) == (200, 429)
+    await drain()
+    served = sum(len(w.received) for w in workers)
+    counted = request.getfixturevalue("counted")
+
+    again = [await call(application, "/v1/chat/completions", [CHAT], headers=headers) for _ in range(5)]
+
+    assert [r.status for r in again] == [429] * 5
+    assert counted == {"queries": 0, "reserves": 0}
+    assert sum(len(w.received) for w in workers) == served  # no worker saw them
+    for reply in again:  # the same answer as the limiter's own refusal
+        assert reply.json()["error"] == {**first.json()["error"], "message": reply.json()["error"]["message"]}
+        assert reply.json()["error"]["message"].startswith("Rate limit reached for requests per min (RPM)")
+        for name in ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests"):
+            assert reply.headers[name] == first.headers[name]
+        assert 1 <= int(reply.headers["retry-after"]) <= int(first.headers["retry-after"])
+        assert int(reply.headers["retry-after-ms"]) <= int(first.headers["retry-after-ms"])
+        assert reply.headers["x-ratelimit-reset-requests"].endswith("s") and "x-request-id" in reply.headers
+
+
+def _plan(tokens: int = 10, **limits) -> LimitPlan:
+    from tenants.limits import TenantLimits
+
+    fields = {"tier": "free", "priority": 30, "requests_per_minute": 2, "tokens_per_minute": 1000,
+              "max_concurrent_requests": None, "monthly_token_budget": None, "monthly_spend_budget": None,
+              "hard_budget": False, "slo_ttft_p95_ms": None, "slo_itl_p95_ms": None, **limits}
+    return LimitPlan(7, "req_x", TenantLimits(**fields), tokens, 0)
+
+
+def _refused(reason: str = "requests", retry: float = 20.0) -> Decision:
+    return Decision(False, reason, retry, WindowState(2, 0, 50.0), WindowState(1000, 400, 36.0))
+
+
+def test_only_requests_refusals_are_remembered_and_only_until_the_bucket_refills():
+    refusals.clear()
+    plan = _plan()
+    for reason in ("tokens", "concurrency", "token_budget"):
+        refusals.remember(plan, _refused(reason), asked_at=100.0)
+        assert refusals.recall(plan, now=100.1) is None
+    refusals.remember(plan, _refused(), asked_at=100.0)
+    later = refusals.recall(plan, now=106.0)
+    assert later.reason == "requests" and later.retry_after == pytest.approx(14.0)
+    assert later.requests == WindowState(2, 0, 44.0)  # still no request in the bucket
+    assert later.tokens == WindowState(1000, 500, 30.0)  # refilled at 1000/60 a second for 6 s
+    assert refusals.recall(_plan(tokens=2000), now=106.0) is None  # too large: the limiter says so first
+    assert refusals.recall(_plan(requests_per_minute=60), now=106.0) is None  # limits changed: ask again
+    refusals.remember(plan, _refused(), asked_at=100.0)
+    assert refusals.recall(plan, now=120.0) is None  # the bucket holds a request again
+    refusals.clear()
