@@ -191,6 +191,9 @@ class ModelConfig:
     quantization: str | None = None  # None (as the checkpoint is) | awq | fp8 | int4 | int8 (dataplane/quant)
     quantize_lm_head: bool = False  # also quantize the output projection (kept in `dtype` by default)
     int4_dense_above: int = 0  # int4: keep a dense copy, used for batches above this many rows (0: no copy)
+    # ranks the model is split across (dataplane/distributed): heads and MLP columns per rank; must divide
+    # the model's attention and key/value head counts (checked at load, where they are known)
+    tensor_parallel_size: int = 1
     torch_dtype: torch.dtype = field(init=False)
     torch_weight_dtype: torch.dtype | None = field(init=False)  # None: weights in torch_dtype
 
@@ -208,6 +211,8 @@ class ModelConfig:
                              f"{', '.join(METHODS)} or None")
         if self.int4_dense_above < 0:
             raise ValueError(f"int4_dense_above: must be >= 0, got {self.int4_dense_above}")
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size: must be an integer >= 1, got {self.tensor_parallel_size!r}")
 
     @property
     def dtype_label(self) -> str:

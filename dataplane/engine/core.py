@@ -48,7 +48,10 @@ class EngineCore:
                  grammar_compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT) -> None:
         self.model_config = model_config
         # `preloaded` lets several engines (tests, benchmarks) share one set of read-only weights.
-        loaded = preloaded or load_configured(model_config, progress)
+        if model_config.tensor_parallel_size > 1:
+            loaded = _start_tensor_parallel(model_config, progress, preloaded, lora_config)
+        else:
+            loaded = preloaded or load_configured(model_config, progress)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.model_name = model_config.model
@@ -187,8 +190,25 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def close(self) -> None:
+        """Stop what the engine started outside this process (tensor-parallel ranks); idempotent."""
+        close = getattr(self.model, "close", None)
+        if close is not None:
+            close()
+
     def stats(self) -> SchedulerStats:
         return self.scheduler.stats()
+
+
+def _start_tensor_parallel(model_config: ModelConfig, progress: bool, preloaded: LoadedModel | None,
+                           lora_config: LoRAConfig | None) -> LoadedModel:
+    if preloaded is not None:
+        raise ValueError("tensor_parallel_size: a preloaded model cannot be split; each rank loads its own shard")
+    if lora_config is not None:
+        raise ValueError("enable_lora: LoRA is not supported with tensor_parallel_size > 1")
+    from dataplane.distributed.launch import start_tensor_parallel
+
+    return start_tensor_parallel(model_config, progress)
 
 
 def _copy_params(params: SamplingParams, **changes: Any) -> SamplingParams:

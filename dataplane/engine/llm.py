@@ -33,14 +33,15 @@ class LLM:
                  max_cpu_loras: int | None = None,
                  speculative_ngram_tokens: int = 0, speculative_max_running: int = 4, prompt_lookup_min: int = 2,
                  prompt_lookup_max: int = 4,
-                 grammar_compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT,
+                 grammar_compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT, tensor_parallel_size: int = 1,
                  progress: bool = False, preloaded: LoadedModel | None = None) -> None:
         lora = LoRAConfig(max_loras=max_loras, max_lora_rank=max_lora_rank,
                           max_cpu_loras=max_cpu_loras) if enable_lora else None
         self.core = EngineCore(
             ModelConfig(model=model, dtype=dtype, weight_dtype=weight_dtype, device=device,
                         max_model_len=max_model_len, seed=seed, quantization=quantization,
-                        quantize_lm_head=quantize_lm_head, int4_dense_above=int4_dense_above),
+                        quantize_lm_head=quantize_lm_head, int4_dense_above=int4_dense_above,
+                        tensor_parallel_size=tensor_parallel_size),
             CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory,
                         enable_prefix_caching=enable_prefix_caching),
             SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
@@ -109,6 +110,10 @@ class LLM:
 
     def list_adapters(self) -> list[AdapterInfo]:
         return self.core.list_adapters()
+
+    def close(self) -> None:
+        """Stop the tensor-parallel ranks this engine spawned (a no-op for one process)."""
+        self.core.close()
 
     def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
              params: SamplingParams | Sequence[SamplingParams] | None = None, **kwargs: Any) -> list[RequestOutput]:

@@ -1,0 +1,78 @@
+"""The process group of one tensor-parallel engine, and the row-parallel projection that sums over it."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(slots=True)
+class RankInfo:
+    rank: int
+    size: int
+    device: str  # this rank's device: "cpu", or "cuda:<rank>"
+    backend: str  # gloo on CPU, nccl on CUDA (objects always travel on a gloo group)
+
+
+def rank_device(device: str, rank: int) -> str:
+    """Rank r's device: the CPU for all of them, or the r-th GPU."""
+    return "cpu" if str(device).startswith("cpu") else f"cuda:{rank}"
+
+
+def init_group(info: RankInfo, port: int, timeout_s: float) -> Any:
+    """Join the group (all ranks must call this); returns the gloo group step messages travel on.
+
+    `timeout_s` bounds each collective on this rank: rank 0 uses a short one so a rank that died
+    mid-step fails the step instead of hanging it; the others wait for the next step as long as
+    the engine idles, and a watchdog ends them if rank 0 goes (follower.py)."""
+    if info.device.startswith("cuda"):
+        torch.cuda.set_device(info.device)
+    dist.init_process_group(info.backend, init_method=f"tcp://127.0.0.1:{port}", rank=info.rank,
+                            world_size=info.size, timeout=dt.timedelta(seconds=timeout_s))
+    if info.backend == "gloo":
+        return dist.group.WORLD
+    # NCCL moves tensors between GPUs; pickled step messages go host to host on gloo (as vLLM does).
+    return dist.new_group(backend="gloo", timeout=dt.timedelta(seconds=timeout_s))
+
+
+class AllReduceLinear:
+    """A row-parallel projection: this rank's partial product, summed over the ranks in place.
+
+    Wraps the loader's projection (dense, packed or quantized alike) and reads through to it for
+    the attributes others inspect (weight_bytes, weight)."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x)
+        dist.all_reduce(y)
+        return y
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def make_row_parallel(model: Any) -> None:
+    """Sum o_proj's and down_proj's partial outputs across ranks: the only collectives in a layer."""
+    for layer in model.layers:
+        layer.o_proj = AllReduceLinear(layer.o_proj)
+        layer.down_proj = AllReduceLinear(layer.down_proj)
+
+
+def move(obj: Any, device: str) -> Any:
+    """A copy of a step message (tensors in lists, tuples and slot dataclasses) with its tensors on `device`."""
+    if isinstance(obj, torch.Tensor):
+        return obj if str(obj.device) == device else obj.to(device)
+    if isinstance(obj, list | tuple):
+        return type(obj)(move(x, device) for x in obj)
+    fields = getattr(obj, "__dataclass_fields__", None)
+    if fields:
+        return type(obj)(**{name: move(getattr(obj, name), device) for name in fields})
+    return obj
