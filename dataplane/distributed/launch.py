@@ -93,7 +93,8 @@ class TensorParallelModel:
                 dist.broadcast_object_list([None], src=0, group=self.group)
             except Exception:  # noqa: BLE001 - they are terminated below
                 log.warning("tensor parallel: could not tell the followers to stop")
-        deadline = time.monotonic() + timeout
+        # After a failure the live ranks may sit in a collective that never completes: no waiting for them.
+        deadline = time.monotonic() + (timeout if self.failed is None else 0.0)
         for f in self.procs:
             _stop(f.proc, max(0.0, deadline - time.monotonic()))
         self.procs = []
@@ -105,12 +106,12 @@ def start_tensor_parallel(mc: ModelConfig, progress: bool = True) -> LoadedModel
     """Spawn ranks 1..N-1, load rank 0's shard here, join the group; the model broadcasts each step."""
     size = mc.tensor_parallel_size
     check_supported(mc)
-    if dist.is_initialized():
-        raise ValueError("tensor_parallel_size: this process already has a process group (one "
-                         "tensor-parallel engine per process; close the other first)")
     path = resolve_model_path(mc.model)
     args, tensors = read_weights(path, progress)
     check_tensor_parallel_size(args, size)  # before any process starts
+    if dist.is_initialized():
+        raise ValueError("tensor_parallel_size: this process already has a process group (one "
+                         "tensor-parallel engine per process; close the other first)")
     on_cpu = str(mc.device).startswith("cpu")
     if not on_cpu and torch.cuda.device_count() < size:
         raise ValueError(f"tensor_parallel_size: {size} ranks need {size} GPUs, this host has "

@@ -1,0 +1,88 @@
+"""Tensor parallelism with real processes: three gloo ranks on this CPU against one process.
+
+float32 throughout: the all-reduce sums three partial products in another order than one
+process's matmul does, so bf16 could flip a near-tie in greedy decoding; float32 must not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from dataplane.distributed.shard import check_tensor_parallel_size, shard_args, shard_weights
+from dataplane.engine.llm import LLM
+from dataplane.models.loader import LoadedModel, read_weights
+from dataplane.models.registry import resolve_model_path
+from dataplane.sampling_params import SamplingParams
+from tests.dataplane.conftest import MODEL, PROMPTS
+
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tp3():
+    llm = LLM(MODEL, dtype="float32", kv_cache_memory="64MiB", tensor_parallel_size=3)
+    yield llm
+    llm.close()
+
+
+@pytest.mark.slow
+def test_tp3_greedy_matches_one_process(tp3: LLM, smollm_fp32: LoadedModel) -> None:
+    """8 prompts of 2 to ~300 tokens in one batch (chunked prefill beside decodes), 16 tokens each."""
+    one = LLM(MODEL, dtype="float32", kv_cache_memory="64MiB", preloaded=smollm_fp32)
+    expected = [o.outputs[0].token_ids for o in one.generate(PROMPTS, GREEDY)]
+    got = [o.outputs[0].token_ids for o in tp3.generate(PROMPTS, GREEDY)]
+    assert got == expected
+    assert all(len(ids) == 16 for ids in got)
+    # Each rank keeps a third of the heads: rank 0's model and its KV cache are the shard's.
+    assert tp3.core.model.args.num_heads == 3 and tp3.core.model.args.num_kv_heads == 1
+    assert tp3.core.runner.kv_caches[0][0].shape[2] == 1
+
+
+@pytest.mark.slow
+def test_tp3_batches_arriving_one_by_one_match(tp3: LLM, smollm_fp32: LoadedModel) -> None:
+    """A second call reuses the ranks' caches (prefix hits on rank 0's block ids must hold on every rank)."""
+    one = LLM(MODEL, dtype="float32", kv_cache_memory="64MiB", preloaded=smollm_fp32)
+    short = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    for p in (PROMPTS[4], PROMPTS[5]):  # they share a long prefix: the second hits the first's blocks
+        assert tp3.generate(p, short)[0].outputs[0].token_ids == one.generate(p, short)[0].outputs[0].token_ids
+    assert tp3.core.scheduler.stats().prefix_cache_hits > 0
+
+
+def test_tp2_is_refused_naming_the_head_counts() -> None:
+    with pytest.raises(ValueError, match=r"tensor_parallel_size: 2 does not divide the model's 9 attention heads "
+                                         r"and 3 key/value heads.*sizes that fit: 1, 3"):
+        LLM(MODEL, dtype="float32", tensor_parallel_size=2)
+
+
+def test_shards_rebuild_the_full_weights() -> None:
+    args, tensors = read_weights(resolve_model_path(MODEL), progress=False)
+    shards = [shard_weights(args, tensors, r, 3) for r in range(3)]
+    for name, dim in (("model.layers.0.self_attn.q_proj.weight", 0), ("model.layers.0.self_attn.k_proj.weight", 0),
+                      ("model.layers.0.mlp.up_proj.weight", 0), ("model.layers.0.self_attn.o_proj.weight", 1),
+                      ("model.layers.0.mlp.down_proj.weight", 1)):
+        assert torch.equal(torch.cat([s[name] for s in shards], dim=dim), tensors[name])
+        assert shards[1][name].shape[dim] * 3 == tensors[name].shape[dim]
+    assert shards[2]["model.embed_tokens.weight"] is tensors["model.embed_tokens.weight"]  # replicated
+    a = shard_args(args, 3)
+    assert (a.num_heads, a.num_kv_heads, a.intermediate_size) == (3, 1, args.intermediate_size // 3)
+    with pytest.raises(ValueError, match="intermediate size"):
+        check_tensor_parallel_size(dataclasses.replace(args, intermediate_size=1537), 3)
+
+
+@pytest.mark.slow
+def test_a_dead_rank_fails_the_engine_loudly(tp3: LLM) -> None:
+    """Last in this module: it kills rank 2. The step fails with the rank's exit, not a hang."""
+    follower = tp3.core.model.procs[1]
+    os.kill(follower.proc.pid, signal.SIGKILL)
+    follower.proc.wait(10)
+    start = time.monotonic()
+    out = tp3.generate("The capital of France is", GREEDY)[0].outputs[0]
+    assert time.monotonic() - start < 30
+    assert out.finish_reason == "error"
+    assert "tensor parallel rank 2 exited (code -9)" in out.error
