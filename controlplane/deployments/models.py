@@ -112,6 +112,8 @@ class Worker(models.Model):
     url = models.CharField(max_length=300, help_text="Where the gateway reaches its OpenAI API (http://host:port).")
     accelerator = models.CharField(max_length=128, blank=True)
     memory_bytes = models.BigIntegerField(null=True, blank=True, help_text="Accelerator memory.")
+    device_count = models.PositiveSmallIntegerField(default=1, help_text="Devices a replica may span (GPUs; on "
+                                                    "a CPU worker the tensor-parallel ranks it offers).")
     labels = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=WorkerStatus.choices, default=WorkerStatus.STARTING)
     cordoned = models.BooleanField(default=False, help_text="Drained by an operator: no new replicas; "

@@ -197,11 +197,19 @@ def _reconcile_deployment(deployment: Deployment, free: list[Worker], now: dt.da
         deployment.delete()
 
 
+def devices_needed(deployment: Deployment) -> int:
+    """Devices one replica spans: its tensor-parallel ranks (engine_args), one device each."""
+    return int((deployment.engine_args or {}).get("tensor_parallel_size", 1))
+
+
 def _place(replica: Replica, deployment: Deployment, free: list[Worker], now: dt.datetime,
            result: ReconcileResult) -> None:
-    worker = next((w for w in free if matches(w, deployment.placement or {})), None)
+    needed = devices_needed(deployment)
+    worker = next((w for w in free if matches(w, deployment.placement or {}) and w.device_count >= needed), None)
     if worker is None:
         reason = "waiting for a free ready worker that matches the placement"
+        if needed > 1:
+            reason += f" and has {needed} devices (tensor_parallel_size {needed})"
         if replica.reason != reason and not replica.reason.startswith("rescheduling"):
             replica.reason = reason
             replica.save(update_fields=["reason", "updated_at"])

@@ -63,7 +63,8 @@ class AsyncLLM:
 
     @classmethod
     def from_args(cls, model: str, **kwargs: Any) -> AsyncLLM:
-        mc = {k: kwargs.pop(k) for k in ("dtype", "weight_dtype", "device", "max_model_len", "seed")
+        mc = {k: kwargs.pop(k) for k in ("dtype", "weight_dtype", "device", "max_model_len", "seed",
+                                         "tensor_parallel_size")
               if k in kwargs}
         cc = {k: kwargs.pop(k) for k in ("block_size", "kv_cache_memory", "enable_prefix_caching") if k in kwargs}
         sc = {k: kwargs.pop(k) for k in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "aging_seconds",
@@ -155,6 +156,8 @@ class AsyncLLM:
         self._wake.set()
         self._thread.join(timeout)
         self.core.structured.close()
+        if not self._thread.is_alive():  # a step still running would share the ranks' channel with the stop
+            self.core.close()
 
     def is_alive(self) -> bool:
         return self._thread.is_alive() and self._error is None

@@ -39,6 +39,9 @@ class WorkerConfig:
     max_num_batched_tokens: int = 512
     enable_prefix_caching: bool = True
     seed: int = 0
+    # ranks the model is split across (dataplane/distributed; gloo processes on a CPU, one GPU each on CUDA);
+    # must divide the model's attention and key/value head counts. On a CPU the threads are shared by the ranks.
+    tensor_parallel_size: int = 1
     # torch intra-op threads (default: torch's own choice). On a CPU shared with a gateway or other
     # processes, fewer threads than cores avoids every parallel region waiting for a descheduled one.
     threads: int | None = None
@@ -108,6 +111,8 @@ class WorkerConfig:
                      "max_embedding_inputs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads: must be >= 1, got {self.threads}")
         if self.itl_guard_step_tokens is not None and self.itl_guard_step_tokens < 1:
@@ -160,6 +165,7 @@ class WorkerConfig:
             "max_model_len": self.max_model_len, "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens, "max_waiting": self.max_waiting,
             "enable_prefix_caching": self.enable_prefix_caching, "seed": self.seed, "progress": False,
+            "tensor_parallel_size": self.tensor_parallel_size,
             "itl_guard_priority": self.itl_guard_priority, "itl_guard_tokens": self.itl_guard_tokens,
             "itl_guard_seqs": self.itl_guard_seqs, "itl_guard_step_tokens": self.itl_guard_step_tokens,
             "itl_guard_step_ms": self.itl_guard_step_ms, "background_priority": self.background_priority,
@@ -214,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
              "itl_guard_step_tokens": _optional_int, "itl_guard_step_ms": _optional_float,
              "background_priority": _optional_int, "background_step_ms": _optional_float,
              "speculative_ngram_tokens": int, "speculative_max_running": int,
-             "threads": _optional_int, "usage_memory_entries": int, "usage_memory_seconds": float,
+             "threads": _optional_int, "tensor_parallel_size": int, "usage_memory_entries": int, "usage_memory_seconds": float,
              "grammar_compile_timeout": float, "max_embedding_inputs": int}
     for f in fields(WorkerConfig):
         flag = "--" + f.name.replace("_", "-")

@@ -26,6 +26,7 @@ class RegisterSerializer(serializers.Serializer):
     boot_id = serializers.CharField(max_length=64)
     accelerator = serializers.CharField(max_length=128, required=False, allow_blank=True, default="")
     memory_bytes = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=0)
+    device_count = serializers.IntegerField(required=False, default=1, min_value=1, max_value=1024)
     labels = serializers.DictField(child=serializers.CharField(), required=False, default=dict)
     status = serializers.ChoiceField(choices=["starting", "ready", "draining"], default="starting")
 

@@ -27,7 +27,7 @@ from ..models import name_validator as _name_validator
 PLACEMENT_KEYS = {"accelerator", "min_memory_gib", "labels", "workers"}
 ENGINE_ARGS = {"dtype", "weight_dtype", "kv_cache_memory", "block_size", "max_model_len", "max_num_seqs",
                "max_num_batched_tokens", "enable_prefix_caching", "seed", "max_waiting", "max_loras", "max_lora_rank",
-               "tool_call_parser"}
+               "tool_call_parser", "tensor_parallel_size"}
 TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3_json", "pythonic")  # the worker's tool_call_parser
 MODEL_FIELDS = {"source", "architecture", "context_length", "quantizations", "quantized_sources", "description"}
 
@@ -81,6 +81,11 @@ def _check_engine_args(engine_args: Any) -> dict:
         raise _invalid(f"engine_args: unknown keys {sorted(unknown)} (use {sorted(ENGINE_ARGS)}).", "engine_args")
     if "tool_call_parser" in engine_args and engine_args["tool_call_parser"] not in TOOL_CALL_PARSERS:
         raise _invalid(f"engine_args.tool_call_parser: one of {list(TOOL_CALL_PARSERS)}.", "engine_args")
+    tp = engine_args.get("tensor_parallel_size", 1)
+    if not isinstance(tp, int) or isinstance(tp, bool) or not 1 <= tp <= 1024:
+        raise _invalid("engine_args.tensor_parallel_size: an integer from 1 (one device per replica) up; the "
+                       "reconciler places the replica on a worker advertising at least that many devices.",
+                       "engine_args")
     return engine_args
 
 

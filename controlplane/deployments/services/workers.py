@@ -20,7 +20,7 @@ REPORTED_STATUSES = {WorkerStatus.STARTING, WorkerStatus.READY, WorkerStatus.DRA
 
 
 def worker_register(*, name: str, url: str, boot_id: str, accelerator: str = "", memory_bytes: int | None = None,
-                    labels: dict | None = None, status: str = WorkerStatus.STARTING) -> Worker:
+                    labels: dict | None = None, status: str = WorkerStatus.STARTING, device_count: int = 1) -> Worker:
     """Create or refresh a worker. A new boot id means the process restarted: what it held is gone.
 
     A name is bound to the boot id that registered it: another boot id may take the name over only
@@ -51,6 +51,7 @@ def worker_register(*, name: str, url: str, boot_id: str, accelerator: str = "",
             worker.cordoned = False  # a drain lasts until the process restarts (or an uncordon)
         worker.url, worker.boot_id, worker.status = url, boot_id, status
         worker.accelerator, worker.memory_bytes, worker.labels = accelerator, memory_bytes, labels or {}
+        worker.device_count = device_count
         worker.last_heartbeat_at = now
         worker.loaded_model, worker.loaded_adapters = "", []
         worker.save()

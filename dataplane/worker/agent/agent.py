@@ -169,7 +169,8 @@ class Agent:
     def _register(self) -> None:
         answer = self.client.register({
             "url": self.settings.advertise_url, "boot_id": self.boot_id, "accelerator": self.settings.accelerator,
-            "memory_bytes": self.settings.memory_bytes, "labels": self.settings.labels, "status": self._status()})
+            "memory_bytes": self.settings.memory_bytes, "device_count": self.settings.device_count,
+            "labels": self.settings.labels, "status": self._status()})
         self.registered = True
         self.heartbeat_seconds = float(answer.get("heartbeat_seconds") or self.heartbeat_seconds)
         log.info("registered with the control plane", extra={"worker": self.settings.worker_id,

@@ -12,6 +12,7 @@
 | TESSERA_HEARTBEAT_SECONDS | 2 | heartbeat interval (the control plane's answer may change it) |
 | TESSERA_WORKER_ACCELERATOR | CUDA device name, or `cpu` | reported for placement constraints |
 | TESSERA_WORKER_MEMORY_BYTES | accelerator memory, or physical RAM | reported for placement constraints |
+| TESSERA_WORKER_DEVICES | CUDA device count, or 1 | devices a replica may span: a deployment with `tensor_parallel_size` N is placed only where N fit (on a CPU, the ranks to offer) |
 | TESSERA_WORKER_LABELS | empty | `key=value,key=value`, matched by placement `labels` |
 | TESSERA_UNLOAD_GRACE_SECONDS | 30 | in-flight requests get this long to finish before an unload |
 | TESSERA_MODEL_CACHE | `~/.cache/tessera/models` | where object-store sources (s3://bucket/key) are looked up |
@@ -40,6 +41,7 @@ class AgentSettings:
     heartbeat_seconds: float = 2.0
     accelerator: str = "cpu"
     memory_bytes: int | None = None
+    device_count: int = 1  # devices a replica may span (tensor-parallel ranks)
     labels: dict[str, str] = field(default_factory=dict)
     unload_grace_seconds: float = 30.0
     model_cache: Path = field(default_factory=lambda: Path("~/.cache/tessera/models").expanduser())
@@ -48,6 +50,8 @@ class AgentSettings:
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.worker_id):
             raise ValueError(f"TESSERA_WORKER_ID: {self.worker_id!r} may hold only letters, digits, '.', '-', '_'")
+        if self.device_count < 1:
+            raise ValueError(f"TESSERA_WORKER_DEVICES: must be >= 1, got {self.device_count}")
         if self.heartbeat_seconds <= 0:
             raise ValueError("TESSERA_HEARTBEAT_SECONDS: must be > 0")
         self.control_plane_url = self.control_plane_url.rstrip("/")
@@ -76,6 +80,7 @@ class AgentSettings:
             heartbeat_seconds=float(env.get("TESSERA_HEARTBEAT_SECONDS", "2")),
             accelerator=env.get("TESSERA_WORKER_ACCELERATOR") or accelerator,
             memory_bytes=int(raw_memory) if raw_memory else memory,
+            device_count=int(env.get("TESSERA_WORKER_DEVICES") or detect_device_count()),
             labels=parse_labels(env.get("TESSERA_WORKER_LABELS", "")),
             unload_grace_seconds=float(env.get("TESSERA_UNLOAD_GRACE_SECONDS", "30")),
             model_cache=Path(env.get("TESSERA_MODEL_CACHE", "~/.cache/tessera/models")).expanduser(),
@@ -102,6 +107,16 @@ def parse_labels(raw: str) -> dict[str, str]:
             raise ValueError(f"TESSERA_WORKER_LABELS: {item!r} is not key=value")
         labels[key.strip()] = value.strip()
     return labels
+
+
+def detect_device_count() -> int:
+    """GPUs this process sees; a CPU worker offers one unless TESSERA_WORKER_DEVICES says more."""
+    try:
+        import torch
+
+        return max(1, torch.cuda.device_count())
+    except Exception:  # noqa: BLE001 - no CUDA build
+        return 1
 
 
 def detect_accelerator() -> tuple[str, int | None]:

@@ -38,11 +38,11 @@ def make_worker(db):
     from controlplane.deployments import services
 
     def make(name: str | None = None, *, accelerator: str = "cpu", memory_bytes: int = 16 * 2**30,
-             labels: dict | None = None, status: str = "ready"):
+             labels: dict | None = None, status: str = "ready", device_count: int = 1):
         name = name or f"w-{uuid.uuid4().hex[:6]}"
         return services.worker_register(name=name, url=f"http://{name}.test:8100", boot_id="boot-1",
                                          accelerator=accelerator, memory_bytes=memory_bytes, labels=labels,
-                                         status=status)
+                                         status=status, device_count=device_count)
 
     return make
 
