@@ -11,6 +11,10 @@ import socket
 
 import pytest
 
+# Worker processes the tests start skip the start-up warm-up (seconds of throwaway steps per worker);
+# tests/dataplane/worker/test_warmup_process.py turns it on where it is the subject.
+os.environ.setdefault("TESSERA_WORKER_WARMUP", "false")
+
 SERVICES = {
     "postgres": ("127.0.0.1", 5432),
     "redis": ("127.0.0.1", 6379),

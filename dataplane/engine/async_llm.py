@@ -18,6 +18,7 @@ from typing import Any
 
 from dataplane.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from dataplane.engine.core import EngineCore, PromptInput
+from dataplane.engine.warmup import WarmupReport, warm_up
 from dataplane.lora.manager import AdapterInfo, LoRAStats
 from dataplane.models.loader import LoadedModel
 from dataplane.outputs import RequestOutput
@@ -141,6 +142,10 @@ class AsyncLLM:
 
     async def list_adapters(self) -> list[AdapterInfo]:
         return await self._call(self.core.list_adapters)
+
+    async def warm_up(self) -> WarmupReport:
+        """Run the start-up warm-up (engine/warmup.py) on the engine thread; call before serving."""
+        return await self._call(lambda: warm_up(self.core))
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
         """Run fn on the engine thread between steps; its result or exception comes back here."""

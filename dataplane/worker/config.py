@@ -98,6 +98,9 @@ class WorkerConfig:
     pooling: str = "last"
     max_embedding_inputs: int = 64
     # lifecycle
+    # before /ready: run every decode batch size up to max_num_seqs and a ladder of prefill sizes once,
+    # so oneDNN's per-shape kernel builds are not paid by the first tenants (dataplane/engine/warmup.py)
+    warmup: bool = True
     drain_timeout: float = 30.0  # seconds to let in-flight requests finish after SIGTERM
     log_level: str = "info"
 

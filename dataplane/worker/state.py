@@ -60,6 +60,13 @@ class WorkerState:
             self.load_error = exc
             self.on_fatal()
             return
+        if self.config.warmup:  # still "loading" meanwhile: /ready says 503 until the shapes are built
+            try:
+                report = await engine.warm_up()
+                log.info("engine warmed up", extra={"seconds": round(report.seconds, 1), "steps": report.steps,
+                                                    "prefill_sizes": report.prefill_sizes})
+            except Exception:  # noqa: BLE001 - a cold engine still serves, only slower at first
+                log.exception("engine warm-up failed; serving without it")
         self.attach(engine)
         log.info("model loaded", extra={"model": self.config.model, "seconds": round(time.monotonic() - started, 1),
                                         "max_model_len": engine.max_model_len,
