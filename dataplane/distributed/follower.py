@@ -86,7 +86,7 @@ def follower_main(spec: FollowerSpec, ready: Any) -> None:
         from dataplane.models.registry import resolve_model_path
 
         args, tensors = read_weights(resolve_model_path(mc.model), progress=False)
-        model = build_shard(args, tensors, mc, info.rank, info.device)
+        model, _ = build_shard(args, tensors, mc, info.rank, info.device)
         del tensors
     except BaseException:  # noqa: BLE001 - rank 0 reports it and stops the others
         _report(ready, traceback.format_exc())

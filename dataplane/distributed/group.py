@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,31 +40,47 @@ def init_group(info: RankInfo, port: int, timeout_s: float) -> Any:
     return dist.new_group(backend="gloo", timeout=dt.timedelta(seconds=timeout_s))
 
 
+@dataclass(slots=True)
+class CommStats:
+    """Where a rank's step time goes beyond its own maths (benchmarks/tensor_parallel.py reads it)."""
+
+    all_reduces: int = 0
+    all_reduce_seconds: float = 0.0  # waiting for the slowest rank included: the price of the split
+    broadcasts: int = 0
+    broadcast_seconds: float = 0.0
+
+
 class AllReduceLinear:
     """A row-parallel projection: this rank's partial product, summed over the ranks in place.
 
     Wraps the loader's projection (dense, packed or quantized alike) and reads through to it for
     the attributes others inspect (weight_bytes, weight)."""
 
-    __slots__ = ("inner",)
+    __slots__ = ("inner", "stats")
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, stats: CommStats) -> None:
         self.inner = inner
+        self.stats = stats
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = self.inner(x)
+        t0 = time.perf_counter()
         dist.all_reduce(y)
+        self.stats.all_reduce_seconds += time.perf_counter() - t0
+        self.stats.all_reduces += 1
         return y
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
 
-def make_row_parallel(model: Any) -> None:
+def make_row_parallel(model: Any) -> CommStats:
     """Sum o_proj's and down_proj's partial outputs across ranks: the only collectives in a layer."""
+    stats = CommStats()
     for layer in model.layers:
-        layer.o_proj = AllReduceLinear(layer.o_proj)
-        layer.down_proj = AllReduceLinear(layer.down_proj)
+        layer.o_proj = AllReduceLinear(layer.o_proj, stats)
+        layer.down_proj = AllReduceLinear(layer.down_proj, stats)
+    return stats
 
 
 def move(obj: Any, device: str) -> Any:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from dataplane.config import ModelConfig
 from dataplane.distributed.follower import FollowerSpec, Step
-from dataplane.distributed.group import RankInfo, init_group, move, rank_device
+from dataplane.distributed.group import CommStats, RankInfo, init_group, move, rank_device
 from dataplane.distributed.load import build_shard, check_supported
 from dataplane.distributed.shard import check_tensor_parallel_size, shard_args
 from dataplane.models.loader import LoadedModel, read_weights
@@ -44,8 +44,9 @@ LOAD_TIMEOUT_S = 600.0
 class TensorParallelModel:
     """Rank 0's model: the LlamaModel shard, whose hidden_states first broadcasts the step."""
 
-    def __init__(self, inner: Any, group: Any, procs: list[Any], size: int) -> None:
+    def __init__(self, inner: Any, group: Any, procs: list[Any], size: int, stats: CommStats) -> None:
         self.inner = inner
+        self.comm = stats  # time in collectives on this rank
         self.group = group
         self.procs = procs
         self.tensor_parallel_size = size
@@ -62,8 +63,11 @@ class TensorParallelModel:
         key = kv_caches[0][0]
         step = Step(input_ids, positions, meta, key.shape[0], key.shape[1])
         try:
+            t0 = time.perf_counter()
             dist.broadcast_object_list([step if key.device.type == "cpu" else move(step, "cpu")], src=0,
                                        group=self.group)
+            self.comm.broadcast_seconds += time.perf_counter() - t0
+            self.comm.broadcasts += 1
             return self.inner.hidden_states(input_ids, positions, meta, kv_caches)
         except Exception as exc:
             self._check_alive()  # a dead rank is the better message
@@ -124,7 +128,7 @@ def start_tensor_parallel(mc: ModelConfig, progress: bool = True) -> LoadedModel
                                  os.getpid())) for r in range(1, size)]
     try:
         torch.set_num_threads(threads)
-        model = build_shard(args, tensors, mc, 0, rank_device(mc.device, 0) if not on_cpu else "cpu")
+        model, stats = build_shard(args, tensors, mc, 0, rank_device(mc.device, 0) if not on_cpu else "cpu")
         del tensors
         tokenizer = (Tokenizer.from_gguf(path, args.eos_token_ids) if path.is_file()
                      else Tokenizer.from_directory(path, args.eos_token_ids))
@@ -135,7 +139,7 @@ def start_tensor_parallel(mc: ModelConfig, progress: bool = True) -> LoadedModel
             _stop(p.proc, 0.0)
         raise
     log.info("tensor parallel: %d ranks (%s), %d intra-op threads each", size, backend, threads)
-    return LoadedModel(TensorParallelModel(model, group, procs, size), tokenizer, shard_args(args, size), path)
+    return LoadedModel(TensorParallelModel(model, group, procs, size, stats), tokenizer, shard_args(args, size), path)
 
 
 @dataclass(slots=True)

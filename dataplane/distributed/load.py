@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from dataplane.config import ModelConfig
-from dataplane.distributed.group import make_row_parallel
+from dataplane.distributed.group import CommStats, make_row_parallel
 from dataplane.distributed.shard import shard_args, shard_weights
 from dataplane.models.config import LlamaArgs
 from dataplane.models.llama import LlamaModel
@@ -21,10 +21,9 @@ def check_supported(mc: ModelConfig) -> None:
 
 
 def build_shard(args: LlamaArgs, tensors: dict[str, torch.Tensor], mc: ModelConfig, rank: int,
-                device: str) -> LlamaModel:
+                device: str) -> tuple[LlamaModel, CommStats]:
     """Rank `rank`'s model: its heads and MLP columns, o/down summed over the group (group.AllReduceLinear)."""
     size = mc.tensor_parallel_size
     model = build_llama(shard_args(args, size), shard_weights(args, tensors, rank, size), mc.torch_dtype,
                         torch.device(device), weight_dtype=mc.torch_weight_dtype)
-    make_row_parallel(model)
-    return model
+    return model, make_row_parallel(model)
