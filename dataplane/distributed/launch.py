@@ -79,6 +79,10 @@ class TensorParallelModel:
                 lora: Any = None) -> torch.Tensor:
         return self.logits(self.hidden_states(input_ids, positions, meta, kv_caches, lora), logits_indices)
 
+    def enable_compiled_decode(self, **_: Any) -> bool:
+        """Refused (eager stays): every rank must run the same collectives, and the followers run eager."""
+        return False
+
     def _check_alive(self) -> None:
         if self.failed is None:
             dead = [f for f in self.procs if f.proc.poll() is not None]
