@@ -86,3 +86,13 @@ def test_a_dead_rank_fails_the_engine_loudly(tp3: LLM) -> None:
     assert time.monotonic() - start < 30
     assert out.finish_reason == "error"
     assert "tensor parallel rank 2 exited (code -9)" in out.error
+
+
+def test_the_worker_flag_and_its_environment_variable_reach_the_engine_config() -> None:
+    from dataplane.worker.config import load_config
+
+    assert load_config(["--model", MODEL, "--tensor-parallel-size", "3"], env={}).engine_kwargs()[
+        "tensor_parallel_size"] == 3
+    assert load_config(["--model", MODEL], env={"TESSERA_WORKER_TENSOR_PARALLEL_SIZE": "3"}).tensor_parallel_size == 3
+    with pytest.raises(ValueError, match="tensor_parallel_size: must be >= 1"):
+        load_config(["--model", MODEL, "--tensor-parallel-size", "0"], env={})
