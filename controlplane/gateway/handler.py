@@ -14,6 +14,11 @@ declared Content-Length over the cap is a 413 at once, a chunked body is read in
 cap and refused as soon as it passes it. A request with a body must also show a well-formed bearer
 key before the body is read, and a large (or chunked) one a key that exists, so an anonymous
 client cannot make the gateway take in megabytes.
+
+A tenant its limits refuse from memory (tenants/limits/refusals.py: out of requests per minute) is
+answered here, once the body is read, without a Django request, URL resolution or the view's tasks:
+under a flood of such requests that was most of what each 429 cost (proxy.remembered_refusal makes
+the same checks as the view, in the same order, and leaves any other answer to it).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ log = logging.getLogger("tessera.gateway")
 # Bodies above this (or of unknown size) are read only once the key has been looked up, not just
 # seen to be well formed; below it, reading costs less than a second lookup would.
 AUTH_BEFORE_READING_BYTES = 64 * 1024
+METERED = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 
 
 async def _send_error(send, exc: ApplicationError) -> None:
@@ -52,6 +58,11 @@ def _too_large() -> ApplicationError:
                             type="invalid_request_error")
 
 
+def _authorization(scope) -> str | None:
+    return next((value.decode("latin-1") for name, value in scope.get("headers", ())
+                 if name.lower() == b"authorization"), None)
+
+
 async def _authenticate_before_reading(scope, length: int | None) -> None:
     """Refuse (ApplicationError) a request whose key cannot be valid, without reading its body: its
     shape always, the key itself for a large or chunked body. The view authenticates again (from the
@@ -60,8 +71,7 @@ async def _authenticate_before_reading(scope, length: int | None) -> None:
 
     from .proxy import principal_for
 
-    header = next((value.decode("latin-1") for name, value in scope.get("headers", ())
-                   if name.lower() == b"authorization"), None)
+    header = _authorization(scope)
     await auth_throttle.guarded(client_ip_from_scope(scope), header, principal_for,
                                 lookup=length is None or length > AUTH_BEFORE_READING_BYTES)
 
@@ -109,12 +119,21 @@ class GatewayHandler(ASGIHandler):
             except Exception:  # the database is down, say: the view decides, after reading the body
                 log.warning("key lookup before reading the body failed", exc_info=True)
         try:
-            body_file = io.BytesIO(await bodylimit.read_capped(receive, cap))
+            body = await bodylimit.read_capped(receive, cap)
         except RequestAborted:
             return
         except bodylimit.BodyTooLarge:
             await _send_error(send, _too_large())
             return
+        kind = METERED.get(scope["path"]) if scope["method"] == "POST" else None
+        if kind is not None:
+            from .proxy import remembered_refusal
+
+            refused = await remembered_refusal(_authorization(scope), body, kind)
+            if refused is not None:
+                await self.send_response(refused, send)
+                return
+        body_file = io.BytesIO(body)
         set_script_prefix(get_script_prefix(scope))
         request, error_response = self.create_request(scope, body_file)
         if request is None:  # an undecodable path or header: Django's 400, in OpenAI's shape

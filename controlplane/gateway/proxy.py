@@ -117,12 +117,53 @@ def reserved_prompt(principal: KeyPrincipal, parsed: parsing.ParsedRequest) -> i
     return parsed.prompt_bound if exact(principal.limits) else parsed.prompt_estimate
 
 
+async def checked(principal: KeyPrincipal, raw: bytes, kind: str) -> tuple[parsing.ParsedRequest, ModelTarget]:
+    """Everything decided before the limiter, in order: the body (400), the model (404, 403), overload (429)."""
+    parsed = parsing.parse(raw, kind)
+    registry = get_registry()
+    await registry.ensure_polling()
+    target = registry.resolve(parsed.model)
+    authorize(principal, target)
+    admission.check(registry, parsed.model, principal.limits.priority)  # overload: lowest tiers first
+    return parsed, target
+
+
+def reserved_tokens(principal: KeyPrincipal, parsed: parsing.ParsedRequest) -> int:
+    return reserved_prompt(principal, parsed) + parsed.max_completion * parsed.n
+
+
+async def remembered_refusal(authorization: str | None, raw: bytes, kind: str) -> HttpResponse | None:
+    """The 429 for a tenant the limits refuse from memory (tenants/limits/refusals.py), answered by the
+    /v1 handler before Django builds a request: the key from the process cache, then the same checks as
+    handle() in the same order. None whenever anything else might answer (a key not cached, a bad body,
+    no remembered refusal, a spend budget to price): handle() then decides as always."""
+    if not refusals.any_remembered():
+        return None
+    try:
+        hit, principal = auth.cached_lookup(auth.bearer_secret(authorization))
+        if not hit or principal is None or not refusals.remembers(principal.tenant_id):
+            return None
+        principal = auth.check(principal)
+        if principal.limits.monthly_spend_budget is not None:
+            return None
+        parsed, _ = await checked(principal, raw, kind)
+    except ApplicationError:
+        return None
+    decision = refusals.recall(LimitPlan(principal.tenant_id, "", principal.limits, reserved_tokens(principal, parsed), 0))
+    if decision is None:
+        return None
+    accounting.note_key_used(principal.key_id)
+    error = refusal(decision, principal.tenant_slug, reserved_tokens(principal, parsed))
+    slo_metrics.observe_rejection(tier=principal.limits.tier, reason=slo_metrics.rejection_reason(error.code, error.type))
+    return error_response(error, new_request_id())
+
+
 async def reserve(principal: KeyPrincipal, parsed: parsing.ParsedRequest, target: ModelTarget, request_id: str,
                   batch: bool = False):
     spend = 0
     embeddings = parsed.kind == "embeddings"
     prompt = reserved_prompt(principal, parsed)
-    tokens = prompt + parsed.max_completion * parsed.n
+    tokens = reserved_tokens(principal, parsed)
     if principal.limits.monthly_spend_budget is not None:
         try:
             spend = await accounting.reservation_spend_nano(
@@ -234,13 +275,8 @@ async def handle(request: HttpRequest, kind: str, *, body: bytes | None = None,
     tier = ""
     try:
         principal = principal or await authenticate(request)
-        parsed = parsing.parse(raw, kind)
-        registry = get_registry()
-        await registry.ensure_polling()
-        target = registry.resolve(parsed.model)
-        authorize(principal, target)
         tier = principal.limits.tier
-        admission.check(registry, parsed.model, principal.limits.priority)  # overload: lowest tiers first
+        parsed, target = await checked(principal, raw, kind)
         plan, period, decision = await reserve(principal, parsed, target, request_id, batch=bool(batch_id))
         extra_headers = ratelimit_headers(decision)
         meter = Meter(request_id, principal, target, plan, period, created_at, started, batch_id=batch_id,

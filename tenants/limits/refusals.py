@@ -43,6 +43,15 @@ def clear() -> None:
         _memo.clear()
 
 
+def any_remembered() -> bool:
+    return bool(_memo)
+
+
+def remembers(tenant_id: int) -> bool:
+    """Whether a refusal of this tenant is held (perhaps expired: recall decides)."""
+    return tenant_id in _memo
+
+
 def remember(plan: LimitPlan, decision: Decision, asked_at: float) -> None:
     """Keep a requests-per-minute refusal the limiter gave for `plan`, asked at monotonic `asked_at`."""
     if decision.allowed or decision.reason != "requests" or decision.retry_after <= 0:

@@ -1,6 +1,7 @@
 """A tenant over its requests per minute is refused cheaply: after the limiter's first refusal, its
 requests are answered from this process's memory (no database query, no limiter call, no worker),
-with the same OpenAI error and rate-limit headers, until its bucket can hold a request again."""
+with the same OpenAI error and rate-limit headers, until its bucket can hold a request again. Driven
+through the deployed ASGI application, so the /v1 handler's early answer is what is tested."""
 
 from __future__ import annotations
 
@@ -72,6 +73,12 @@ async def test_a_refused_tenant_costs_no_query_no_limiter_call_and_no_worker(bac
         assert 1 <= int(reply.headers["retry-after"]) <= int(first.headers["retry-after"])
         assert int(reply.headers["retry-after-ms"]) <= int(first.headers["retry-after-ms"])
         assert reply.headers["x-ratelimit-reset-requests"].endswith("s") and "x-request-id" in reply.headers
+    # Answers decided before the limits stay as they were: a bad body, an unknown model.
+    bad = await call(application, "/v1/chat/completions", [b"{not json"], headers=headers)
+    unknown = await call(application, "/v1/chat/completions", [CHAT.replace(b"fake-model", b"no-such-model")],
+                         headers=headers)
+    assert (bad.status, bad.json()["error"]["code"]) == (400, "invalid_json")
+    assert (unknown.status, unknown.json()["error"]["code"]) == (404, "model_not_found")
 
 
 def _plan(tokens: int = 10, **limits) -> LimitPlan:
