@@ -29,7 +29,8 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.common import percentile, setup_script, write_results
+from benchmarks import gateway_refusals
+from benchmarks.common import cpu_seconds, percentile, setup_script, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,17 +61,21 @@ def wait_http(url: str, timeout: float = 60.0) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-def prepare_database(env: dict[str, str], model: str) -> str:
-    """Migrate a fresh database, price the model, create an unlimited bench tenant; returns its key."""
+def prepare_database(env: dict[str, str], model: str) -> dict[str, str]:
+    """Migrate a fresh database, price the model, create an unlimited bench tenant and a free-tier
+    tenant allowed 2 requests a minute; returns their keys ("bench", "free")."""
     script = (
         setup_script(model) +
         "from tenants import services;"
         "tier = services.tier_create(name='bench', priority=0);"
         "tenant, created = services.tenant_create_with_key(name='Bench', tier=tier);"
-        "print(created.secret)"
+        "free = services.tier_create(name='bench-free', priority=30, requests_per_minute=2);"
+        "_, free_key = services.tenant_create_with_key(name='Free', tier=free);"
+        "print(created.secret, free_key.secret)"
     )
     out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, check=True, capture_output=True, text=True)
-    return out.stdout.strip().splitlines()[-1]
+    bench, free = out.stdout.strip().splitlines()[-1].split()
+    return {"bench": bench, "free": free}
 
 
 _bare_client: httpx.AsyncClient | None = None
@@ -102,16 +107,11 @@ async def bare_proxy(scope, receive, send):
     await send({"type": "http.response.body", "body": r.content})
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux /proc): a load-independent cost measure."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 PATHS = ("direct", "inline", "queue", "bare")
 
 
-def latency(urls: dict[str, str], headers: dict[str, dict], model: str, n: int) -> dict:
+def latency(urls: dict[str, str], headers: dict[str, dict], model: str, n: int, expect: dict[str, int]) -> dict:
+    """`expect`: the status each path must answer once warm ("refused": 429 past the free tier's 2 RPM)."""
     body = {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 1}
     samples: dict[str, list[float]] = {name: [] for name in urls}
     clients = {name: httpx.Client(timeout=30) for name in urls}
@@ -121,16 +121,17 @@ def latency(urls: dict[str, str], headers: dict[str, dict], model: str, n: int) 
                 t0 = time.perf_counter()
                 r = clients[name].post(f"{url}/v1/chat/completions", json=body, headers=headers[name])
                 elapsed = (time.perf_counter() - t0) * 1000
-                if r.status_code != 200:
+                if i < 50:  # warm-up excluded
+                    continue
+                if r.status_code != expect.get(name, 200):
                     raise RuntimeError(f"{name}: {r.status_code} {r.text[:200]}")
-                if i >= 50:  # warm-up excluded
-                    samples[name].append(elapsed)
+                samples[name].append(elapsed)
     finally:
         for client in clients.values():
             client.close()
     out = {name: {"p50_ms": percentile(v, 50), "p99_ms": percentile(v, 99), "n": len(v)} for name, v in samples.items()}
     for name in urls:
-        if name != "direct":
+        if name not in ("direct", "refused"):
             out[name]["added_p50_ms"] = out[name]["p50_ms"] - out["direct"]["p50_ms"]
             out[name]["added_p99_ms"] = out[name]["p99_ms"] - out["direct"]["p99_ms"]
     return out
@@ -194,8 +195,10 @@ def auth_flood(url: str, headers: dict, model: str, n: int) -> dict:
     return {"quiet_p50_ms": quiet, "flooded_p50_ms": flooded, "flood": report}
 
 
-def start_gateway(usage_queue: str, upstream: str, args, tmp: str, procs: list) -> tuple[str, str, dict, int]:
-    """A gateway process (and its consumer for the queue); returns (url, key, env, pid)."""
+def start_gateway(usage_queue: str, upstream: str, args, tmp: str, procs: list,
+                  name: str = "") -> tuple[str, dict[str, str], dict, int]:
+    """A gateway process (and its consumer for the queue); returns (url, keys, env, pid)."""
+    name = name or usage_queue
     limiter = "redis" if redis_up() else "database"
     if usage_queue == "redis" and limiter != "redis":
         raise SystemExit("the Redis usage queue needs Redis on 127.0.0.1:6379")
@@ -203,16 +206,16 @@ def start_gateway(usage_queue: str, upstream: str, args, tmp: str, procs: list) 
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "controlplane.settings.base",
         "TESSERA_VAR_DIR": tmp,
-        "DATABASE_URL": f"sqlite:///{tmp}/{usage_queue}.sqlite3",
+        "DATABASE_URL": f"sqlite:///{tmp}/{name}.sqlite3",
         "TESSERA_WORKERS": upstream,
         "TESSERA_WORKER_TOKEN": args.worker_token,
         "TESSERA_LIMITER": limiter,
         "TESSERA_USAGE_QUEUE": usage_queue,
         "REDIS_URL": "redis://127.0.0.1:6379/0" if limiter == "redis" else "",
-        "TESSERA_REDIS_PREFIX": f"tsrbench{os.getpid()}{usage_queue}",
+        "TESSERA_REDIS_PREFIX": f"tsrbench{os.getpid()}{name}",
         "TESSERA_LOG_LEVEL": "WARNING",
     }
-    key = prepare_database(env, args.model)
+    keys = prepare_database(env, args.model)
     port = free_port()
     gateway = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1", "--port", str(port),
@@ -223,7 +226,7 @@ def start_gateway(usage_queue: str, upstream: str, args, tmp: str, procs: list) 
                                       stdout=subprocess.DEVNULL))
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/v1/models")
-    return url, key, env, gateway.pid
+    return url, keys, env, gateway.pid
 
 
 def ledger_rows(env: dict) -> int:
@@ -242,6 +245,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--name", default="gateway", help="results file stem under benchmarks/results/")
+    parser.add_argument("--flood-concurrency", type=int, default=48, help="the over-limit tenant's connections")
+    parser.add_argument("--flood-seconds", type=float, default=6.0, help="the flood timed for CPU per refusal")
+    parser.add_argument("--premium-requests", type=int, default=60, help="premium streams timed per phase")
+    parser.add_argument("--token-delay", type=float, default=0.05,
+                        help="seconds per token of the slowed fake upstream behind the flood's gateway")
     args = parser.parse_args()
 
     procs: list[subprocess.Popen] = []
@@ -257,8 +265,16 @@ def main() -> None:
             upstream = f"http://127.0.0.1:{port}"
             upstream_kind = "fake upstream (tests/controlplane/fake_worker.py), not a real model"
         wait_http(f"{upstream}/health")
-        inline_url, inline_key, inline_env, inline_pid = start_gateway("inline", upstream, args, tmp, procs)
-        queue_url, queue_key, queue_env, queue_pid = start_gateway("redis", upstream, args, tmp, procs)
+        # The refusal and flood figures: a gateway of their own in front of a fake worker slowed per token.
+        slow_port = free_port()
+        procs.append(subprocess.Popen([sys.executable, "-m", "tests.controlplane.fake_worker", "--port",
+                                       str(slow_port), "--token-delay", str(args.token_delay)], cwd=ROOT))
+        slow_upstream = f"http://127.0.0.1:{slow_port}"
+        wait_http(f"{slow_upstream}/health")
+        inline_url, inline_keys, inline_env, inline_pid = start_gateway("inline", upstream, args, tmp, procs)
+        queue_url, queue_keys, queue_env, queue_pid = start_gateway("redis", upstream, args, tmp, procs)
+        flood_url, flood_keys, _, flood_pid = start_gateway("inline", slow_upstream, args, tmp, procs, name="flood")
+        inline_key, queue_key = inline_keys["bench"], queue_keys["bench"]
         bare_port = free_port()
         bare = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "benchmarks.gateway:bare_proxy", "--host", "127.0.0.1", "--port",
@@ -267,18 +283,32 @@ def main() -> None:
         procs.append(bare)
         bare_url = f"http://127.0.0.1:{bare_port}"
         wait_http(f"{bare_url}/v1/models")
+        floor_port = free_port()
+        floor = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "benchmarks.gateway_refusals:refuse_all", "--host", "127.0.0.1", "--port",
+             str(floor_port), "--no-access-log", "--log-level", "warning"], cwd=ROOT)
+        procs.append(floor)
+        floor_url = f"http://127.0.0.1:{floor_port}"
+        wait_http(f"{floor_url}/health")
 
         worker_headers = {"Authorization": f"Bearer {args.worker_token}"} if args.worker_token else {}
-        urls = {"direct": upstream, "inline": inline_url, "queue": queue_url, "bare": bare_url}
+        urls = {"direct": upstream, "inline": inline_url, "queue": queue_url, "bare": bare_url, "refused": flood_url}
         headers = {"direct": worker_headers, "inline": {"Authorization": f"Bearer {inline_key}"},
-                   "queue": {"Authorization": f"Bearer {queue_key}"}, "bare": worker_headers}
-        pids = {"inline": inline_pid, "queue": queue_pid, "bare": bare.pid}
+                   "queue": {"Authorization": f"Bearer {queue_key}"}, "bare": worker_headers,
+                   "refused": {"Authorization": f"Bearer {flood_keys['free']}"}}
+        pids = {"inline": inline_pid, "queue": queue_pid, "bare": bare.pid, "refused": flood_pid}
         cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
-        lat = latency(urls, headers, args.model, args.requests)
+        lat = latency(urls, headers, args.model, args.requests, expect={"refused": 429})
         cpu = {name: (cpu_seconds(pid) - cpu0[name]) / (args.requests + 50) * 1000 for name, pid in pids.items()}
         rate = {name: asyncio.run(_rate(urls[name], headers[name], args.model, args.concurrency, args.seconds))
                 for name in PATHS}
         flood = auth_flood(inline_url, headers["inline"], args.model, args.requests)
+        flood_cpu = gateway_refusals.refusal_cpu(flood_url, flood_pid, flood_keys["free"], args.flood_concurrency,
+                                                 args.flood_seconds)
+        floor_cpu = gateway_refusals.refusal_cpu(floor_url, floor.pid, flood_keys["free"], args.flood_concurrency,
+                                                 args.flood_seconds)
+        premium = gateway_refusals.premium_under_flood(flood_url, flood_keys["bench"], flood_keys["free"], args.model,
+                                                       args.premium_requests, 4, args.flood_concurrency, floor_url)
         time.sleep(1.0)  # let the consumer catch up before counting the ledger
         rows_written = {"inline": ledger_rows(inline_env), "queue": ledger_rows(queue_env)}
         limiter = inline_env["TESSERA_LIMITER"]
@@ -294,7 +324,10 @@ def main() -> None:
     data = {
         "upstream": upstream_kind, "model": args.model, "limiter": limiter, "database": "sqlite",
         "gateway_processes": 1, "cpus": os.cpu_count(), "latency": lat, "gateway_cpu_ms_per_request": cpu,
-        "rate": rate, "ledger_rows": rows_written, "auth_flood": flood, "targets": {"added_p50_ms": 3.0, "added_p99_ms": 10.0},
+        "rate": rate, "ledger_rows": rows_written, "auth_flood": flood,
+        "refusals": {"sequential": {"cpu_ms": cpu["refused"], **lat["refused"]}, "flood": flood_cpu, "floor_flood": floor_cpu,
+                     "premium_under_flood": premium, "token_delay_s": args.token_delay},
+        "targets": {"added_p50_ms": 3.0, "added_p99_ms": 10.0, "refusal_cpu_ms": 0.5, "premium_ttft_p95_ratio": 1.5},
         "when": time.strftime("%Y-%m-%d %H:%M:%S"), "load_average_1m": [load_before, os.getloadavg()[0]],
     }
     labels = {"direct": "direct to the upstream", "inline": "gateway, ledger written inline (default)",
@@ -339,6 +372,8 @@ def main() -> None:
         f"Failed-key flood: {flood['flood']['requests'] / flood['flood']['seconds']:.0f} requests/s of made-up keys on "
         f"/v1/models from another address (8 connections; {flood['flood']['statuses']}); the inline gateway's p50 for a "
         f"good key {flood['quiet_p50_ms']:.2f} ms alone, {flood['flooded_p50_ms']:.2f} ms during the flood.",
+        "",
+        *gateway_refusals.table_lines(lat, cpu, flood_cpu, floor_cpu, premium, args.token_delay),
     ])
     write_results(args.name, data, table)
     print(table)

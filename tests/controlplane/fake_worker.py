@@ -257,8 +257,9 @@ class ServerThread:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=8199)
+    parser.add_argument("--token-delay", type=float, default=0.0, help="seconds per generated token")
     args = parser.parse_args()
-    worker = FakeWorker(record=False)
+    worker = FakeWorker(record=False, token_delay=args.token_delay)
     uvicorn.run(worker, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
 
 

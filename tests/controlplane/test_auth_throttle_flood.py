@@ -171,7 +171,9 @@ def test_a_brute_force_gets_429s_and_does_not_slow_a_good_key(settings, redis_ur
 # --- the flooder (run as a script by the test) --------------------------------------------------------------
 
 
-async def _flood(base: str, seconds: float, concurrency: int, address: str) -> dict:
+async def _flood(base: str, seconds: float, concurrency: int, address: str, key: str | None = None) -> dict:
+    """Made-up keys on /v1/models; or, given `key`, chat completions with that (valid) key: the
+    over-limit tenant of benchmarks/gateway_refusals.py."""
     statuses: Counter = Counter()
     transport = httpx.AsyncHTTPTransport(local_address=address)
     async with httpx.AsyncClient(transport=transport, timeout=10,
@@ -184,9 +186,13 @@ async def _flood(base: str, seconds: float, concurrency: int, address: str) -> d
 
         async def one_connection():
             while time.monotonic() < stop and not done.is_set():
-                key = "sk-" + uuid.uuid4().hex + uuid.uuid4().hex
                 try:
-                    response = await client.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {key}"})
+                    if key is None:
+                        made_up = "sk-" + uuid.uuid4().hex + uuid.uuid4().hex
+                        response = await client.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {made_up}"})
+                    else:
+                        response = await client.post(f"{base}/v1/chat/completions", json=BODY,
+                                                     headers={"Authorization": f"Bearer {key}"})
                     statuses[str(response.status_code)] += 1
                 except httpx.HTTPError as exc:
                     statuses[type(exc).__name__] += 1
@@ -197,13 +203,14 @@ async def _flood(base: str, seconds: float, concurrency: int, address: str) -> d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Flood a gateway's /v1/models with made-up keys.")
+    parser = argparse.ArgumentParser(description="Flood a gateway: made-up keys on /v1/models, or one key's chat completions.")
     parser.add_argument("--flood", required=True, help="the gateway's base URL")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--address", default="127.0.0.2", help="the local address the flood comes from")
+    parser.add_argument("--key", help="flood chat completions with this key instead of made-up keys on /v1/models")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(_flood(args.flood, args.seconds, args.concurrency, args.address))), flush=True)
+    print(json.dumps(asyncio.run(_flood(args.flood, args.seconds, args.concurrency, args.address, args.key))), flush=True)
 
 
 if __name__ == "__main__":
