@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from benchmarks.common import environment, fmt, write_results
+from benchmarks.common import cpu_seconds, environment, fmt, write_results
 from dataplane import SamplingParams
 from dataplane.engine.llm import LLM
 
@@ -32,12 +32,23 @@ PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "def fibo
            "The three laws of thermodynamics are", "Translate to French: the cat sleeps."]
 
 
-def run(llm: LLM, prompts: list[str], tokens: int, threads: int) -> tuple[float, list[list[int]]]:
+def cpu_now(llm: LLM) -> float:
+    """CPU seconds of this process and of the engine's follower ranks: a cost that other load on the
+    host does not inflate (time waiting for a descheduled rank costs no CPU)."""
+    followers = getattr(llm.core.model, "procs", [])
+    return time.process_time() + sum(cpu_seconds(f.proc.pid) for f in followers)
+
+
+def run(llm: LLM, prompts: list[str], tokens: int, threads: int) -> tuple[float, float, list[list[int]]]:
+    """(decode tok/s, CPU ms per generated token with prefill, token ids)."""
     torch.set_num_threads(threads)  # rank 0 of TP=3 shares this process with the TP=1 engine
+    c0 = cpu_now(llm)
     outs = llm.generate(prompts, SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
+    cpu = cpu_now(llm) - c0
     decoded = sum(len(o.outputs[0].token_ids) - 1 for o in outs)
     window = max(o.metrics.finished_time for o in outs) - max(o.metrics.first_token_time for o in outs)
-    return decoded / window, [o.outputs[0].token_ids for o in outs]
+    generated = sum(len(o.outputs[0].token_ids) for o in outs)
+    return decoded / window, 1000 * cpu / generated, [o.outputs[0].token_ids for o in outs]
 
 
 def main() -> None:
@@ -53,37 +64,53 @@ def main() -> None:
     tp = LLM(MODEL, dtype="float32", kv_cache_memory="128MiB", tensor_parallel_size=opts.tp)
     tp_start_s = time.perf_counter() - t0
     tp_threads = torch.get_num_threads()  # what the launch chose per rank
-    for llm, threads in ((one, all_threads), (tp, tp_threads)):  # warm-up (first-call allocations)
-        run(llm, PROMPTS[:2], 4, threads)
-    results: dict[str, dict[str, list[float]]] = {f"batch_{b}": {"tp1": [], f"tp{opts.tp}": []} for b in (1, 8)}
-    identical = True
+    # One process with all threads (the naive peer), one process with one thread (per-core work), TP.
+    sides = [(f"TP=1, {all_threads} threads", one, all_threads), ("TP=1, 1 thread", one, 1),
+             (f"TP={opts.tp}, {tp_threads} thread(s) per rank", tp, tp_threads)]
+    for _, llm, threads in sides:  # warm-up: first-call allocations and oneDNN's per-shape builds
+        for batch in (1, 8):
+            run(llm, PROMPTS[:batch], 4, threads)
+    runs: dict[str, dict[str, dict[str, list[float]]]] = {
+        f"batch_{b}": {name: {"tok_s": [], "cpu_ms": []} for name, _, _ in sides} for b in (1, 8)}
     shares: dict[str, dict] = {}  # rank 0's time in collectives during the TP runs
+    identical = True
     for r in range(opts.rounds):
         for batch in (1, 8):
             prompts = [PROMPTS[r % len(PROMPTS)]] if batch == 1 else PROMPTS
-            a, ids_a = run(one, prompts, opts.tokens, all_threads)
-            comm = tp.core.model.comm
-            c0, w0 = (comm.all_reduce_seconds, comm.broadcast_seconds, comm.broadcasts), time.perf_counter()
-            b, ids_b = run(tp, prompts, opts.tokens, tp_threads)
-            share = shares.setdefault(f"batch_{batch}", {"wall_s": 0.0, "all_reduce_s": 0.0, "broadcast_s": 0.0,
-                                                          "steps": 0})
-            share["wall_s"] += time.perf_counter() - w0
-            share["all_reduce_s"] += comm.all_reduce_seconds - c0[0]
-            share["broadcast_s"] += comm.broadcast_seconds - c0[1]
-            share["steps"] += comm.broadcasts - c0[2]
-            identical &= ids_a == ids_b
-            results[f"batch_{batch}"]["tp1"].append(a)
-            results[f"batch_{batch}"][f"tp{opts.tp}"].append(b)
+            reference = None
+            for name, llm, threads in sides:
+                comm = getattr(llm.core.model, "comm", None)
+                c0 = (comm.all_reduce_seconds, comm.broadcast_seconds, comm.broadcasts) if comm else None
+                w0 = time.perf_counter()
+                tok_s, cpu_ms, ids = run(llm, prompts, opts.tokens, threads)
+                runs[f"batch_{batch}"][name]["tok_s"].append(tok_s)
+                runs[f"batch_{batch}"][name]["cpu_ms"].append(cpu_ms)
+                reference = ids if reference is None else reference
+                identical &= ids == reference
+                if comm is not None:
+                    share = shares.setdefault(f"batch_{batch}", {"wall_s": 0.0, "all_reduce_s": 0.0,
+                                                                  "broadcast_s": 0.0, "steps": 0})
+                    share["wall_s"] += time.perf_counter() - w0
+                    share["all_reduce_s"] += comm.all_reduce_seconds - c0[0]
+                    share["broadcast_s"] += comm.broadcast_seconds - c0[1]
+                    share["steps"] += comm.broadcasts - c0[2]
     tp.close()
     load_after = os.getloadavg()
-    rows = []
-    summary = {}
-    for key, sides in results.items():
-        m1, mt = statistics.median(sides["tp1"]), statistics.median(sides[f"tp{opts.tp}"])
+    rows, summary = [], {}
+    base_name = sides[0][0]
+    for key, by_side in runs.items():
+        base = statistics.median(by_side[base_name]["tok_s"])
         s = shares[key]
-        summary[key] = {"tp1_tok_s": m1, f"tp{opts.tp}_tok_s": mt, "ratio": mt / m1, "runs": sides, "rank0": s}
-        rows.append(f"| {key.replace('_', ' ')} | {fmt(m1)} | {fmt(mt)} | {mt / m1:.2f}x | "
-                    f"{100 * s['all_reduce_s'] / s['wall_s']:.0f}% | {1000 * s['broadcast_s'] / s['steps']:.2f} ms |")
+        summary[key] = {"rank0_collectives": s}
+        for name, llm, _ in sides:
+            tok_s = statistics.median(by_side[name]["tok_s"])
+            cpu_ms = statistics.median(by_side[name]["cpu_ms"])
+            summary[key][name] = {"decode_tok_s": tok_s, "cpu_ms_per_token": cpu_ms, "vs_tp1": tok_s / base,
+                                  "runs": by_side[name]}
+            comm = (f"{100 * s['all_reduce_s'] / s['wall_s']:.0f}% | {1000 * s['broadcast_s'] / s['steps']:.2f} ms"
+                    if llm is tp else "– | –")
+            rows.append(f"| {key.replace('_', ' ')} | {name} | {fmt(tok_s)} | {tok_s / base:.2f}x | {fmt(cpu_ms)} | "
+                        f"{comm} |")
     env = {**environment(), "cores": os.cpu_count(), "threads_tp1": all_threads, "threads_per_rank": tp_threads,
            "load_average_before": load_before, "load_average_after": load_after}
     command = f"python -m benchmarks.tensor_parallel --rounds {opts.rounds} --tokens {opts.tokens} --tp {opts.tp}"
@@ -92,19 +119,21 @@ def main() -> None:
             "results": summary, "environment": env, "command": command}
     table = "\n".join([
         f"Tensor parallelism on the CPU: SmolLM2-135M-Instruct float32, greedy, {opts.tokens} tokens per request, "
-        f"median of {opts.rounds} alternating rounds. {env['cpu']}, {env['cores']} cores, {time.strftime('%Y-%m-%d')}; "
-        f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after (a shared host). "
-        f"TP=1: one process, {all_threads} threads; TP={opts.tp}: {opts.tp} gloo processes, {tp_threads} thread(s) each. "
-        f"Greedy outputs identical: {'yes' if identical else 'NO'}. Starting the {opts.tp} ranks took {tp_start_s:.1f} s.",
+        f"median of {opts.rounds} rounds alternating the three set-ups. {env['cpu']}, {env['cores']} cores, "
+        f"{time.strftime('%Y-%m-%d')}; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after "
+        f"(a host shared with other work). Greedy outputs identical across the three: "
+        f"{'yes' if identical else 'NO'}. Starting the {opts.tp} ranks took {tp_start_s:.1f} s.",
         "",
-        f"| decode | TP=1 tok/s | TP={opts.tp} tok/s | TP={opts.tp} / TP=1 | rank 0 in all-reduce | "
+        f"| decode | engine | tok/s | vs {base_name} | CPU ms/token (all processes) | rank 0 in all-reduce | "
         "step broadcast |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
         *rows,
         "",
-        "Rank 0 in all-reduce: share of its wall time spent in the 60 all-reduces per step (2 per layer), waiting "
-        "for the slowest rank included. Step broadcast: rank 0's time per step to send the step's input "
-        "(pickled token ids, positions, attention metadata) to the other ranks.",
+        "Decode tok/s: tokens after the first / (last finish - last first token). CPU ms/token: CPU seconds of "
+        "every process of the engine per generated token, prefill included (with more threads than free cores, "
+        "OpenMP's spinning threads inflate it). Rank 0 in all-reduce: share of its wall time in the 60 "
+        "all-reduces per step (2 per layer), waiting for the slowest rank included. Step broadcast: rank 0's "
+        "time per step to send the step's input (pickled token ids, positions, attention metadata).",
         "",
         f"`{command}`",
     ])

@@ -24,7 +24,14 @@ def rank_device(device: str, rank: int) -> str:
     return "cpu" if str(device).startswith("cpu") else f"cuda:{rank}"
 
 
-def init_group(info: RankInfo, port: int, timeout_s: float) -> Any:
+def rendezvous_store(size: int, timeout_s: float) -> Any:
+    """Rank 0's rendezvous server on a port the OS picks, bound before any follower starts: a port
+    found free and bound later could be taken in between (it happened on a busy host)."""
+    return dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False,
+                         timeout=dt.timedelta(seconds=timeout_s))
+
+
+def init_group(info: RankInfo, port: int, timeout_s: float, store: Any = None) -> Any:
     """Join the group (all ranks must call this); returns the gloo group step messages travel on.
 
     `timeout_s` bounds each collective on this rank: rank 0 uses a short one so a rank that died
@@ -32,8 +39,10 @@ def init_group(info: RankInfo, port: int, timeout_s: float) -> Any:
     the engine idles, and a watchdog ends them if rank 0 goes (follower.py)."""
     if info.device.startswith("cuda"):
         torch.cuda.set_device(info.device)
-    dist.init_process_group(info.backend, init_method=f"tcp://127.0.0.1:{port}", rank=info.rank,
-                            world_size=info.size, timeout=dt.timedelta(seconds=timeout_s))
+    if store is None:  # a follower: a client of rank 0's store (both sides pass a store: same key names)
+        store = dist.TCPStore("127.0.0.1", port, info.size, is_master=False, timeout=dt.timedelta(seconds=120))
+    dist.init_process_group(info.backend, rank=info.rank, world_size=info.size, store=store,
+                            timeout=dt.timedelta(seconds=timeout_s))
     if info.backend == "gloo":
         return dist.group.WORLD
     # NCCL moves tensors between GPUs; pickled step messages go host to host on gloo (as vLLM does).

@@ -13,7 +13,6 @@ import logging
 import os
 import pickle
 import select
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ import torch.distributed as dist
 
 from dataplane.config import ModelConfig
 from dataplane.distributed.follower import FollowerSpec, Step
-from dataplane.distributed.group import CommStats, RankInfo, init_group, move, rank_device
+from dataplane.distributed.group import CommStats, RankInfo, init_group, move, rank_device, rendezvous_store
 from dataplane.distributed.load import build_shard, check_supported
 from dataplane.distributed.shard import check_tensor_parallel_size, shard_args
 from dataplane.models.loader import LoadedModel, read_weights
@@ -127,7 +126,8 @@ def start_tensor_parallel(mc: ModelConfig, progress: bool = True) -> LoadedModel
     backend = "gloo" if on_cpu else "nccl"
     # Ranks on one CPU share its cores: the engine's thread budget is split between them.
     threads = max(1, torch.get_num_threads() // size) if on_cpu else torch.get_num_threads()
-    port = _free_port()
+    store = rendezvous_store(size, LOAD_TIMEOUT_S)
+    port = store.port
     procs = [_spawn(FollowerSpec(mc, RankInfo(r, size, rank_device(mc.device, r), backend), port, threads,
                                  os.getpid())) for r in range(1, size)]
     try:
@@ -137,7 +137,7 @@ def start_tensor_parallel(mc: ModelConfig, progress: bool = True) -> LoadedModel
         tokenizer = (Tokenizer.from_gguf(path, args.eos_token_ids) if path.is_file()
                      else Tokenizer.from_directory(path, args.eos_token_ids))
         _wait_ready(procs)
-        group = init_group(RankInfo(0, size, str(model.device), backend), port, RANK0_TIMEOUT_S)
+        group = init_group(RankInfo(0, size, str(model.device), backend), port, RANK0_TIMEOUT_S, store)
     except BaseException:
         for p in procs:
             _stop(p.proc, 0.0)
@@ -196,9 +196,3 @@ def _stop(proc: subprocess.Popen, timeout: float) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
