@@ -7,15 +7,18 @@ import os
 import torch
 import torch.nn.functional as F
 
+from dataplane.config import cpu_has_native_bf16
+
 
 class Linear:
     """A dense projection y = x W^T. Quantized layers (dataplane/quant) offer the same call.
 
-    float32 on the CPU runs through a prepacked weight, and the dense weight is then not kept
-    (`weight` rebuilds it on demand): oneDNN's float32 packing (`_onednn_pack`), or with
-    `storage=torch.float16` FBGEMM's float16 packing (`_fp16_pack`: half the bytes, float32 maths)."""
+    float32 on the CPU, and bf16 on a CPU with native bf16, run through a prepacked weight, and the
+    dense weight is then not kept (`weight` rebuilds it on demand): oneDNN's packing (`_onednn_pack`),
+    or with `storage=torch.float16` FBGEMM's float16 packing (`_fp16_pack`: half the bytes, float32
+    maths)."""
 
-    __slots__ = ("_weight", "_packed", "_fp16", "out_features", "in_features", "_element_size")
+    __slots__ = ("_weight", "_packed", "_fp16", "out_features", "in_features", "_element_size", "_dtype")
 
     def __init__(self, weight: torch.Tensor, *, storage: torch.dtype | None = None) -> None:
         self.out_features, self.in_features = weight.shape  # weight: [out_features, in_features]
@@ -26,6 +29,7 @@ class Linear:
         if self._packed is None:
             self._packed = _onednn_pack(weight)
         self._element_size = 2 if self._fp16 else weight.element_size()
+        self._dtype = weight.dtype
         self._weight = None if self._packed is not None else weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -52,7 +56,7 @@ class Linear:
         """The dtype the weight's bytes are kept in."""
         if self._fp16:
             return torch.float16
-        return self._weight.dtype if self._weight is not None else torch.float32
+        return self._dtype
 
     def holds(self, tensor: torch.Tensor) -> bool:
         """Whether this layer computes on `tensor` itself (a tied embedding), not a copy of it."""
@@ -100,10 +104,16 @@ def _onednn_pack(weight: torch.Tensor) -> torch.Tensor | None:
     ran small-M products at a fraction of the memory bandwidth; oneDNN on the same prepacked weight
     (the path Inductor takes for frozen CPU linears) ran a decode step's linears 1.6x faster at
     M = 1, 2.5x at M = 4 and 1.5x at M = 32, and whole engine steps 1.24x faster at batch 1 and 32
-    (benchmarks/results/linear_cpu.md). bf16 already goes through oneDNN in `F.linear`.
+    (benchmarks/results/linear_cpu.md). bf16 `F.linear` goes through oneDNN too, but reorders the
+    plain weight on every call: on an AVX-512 BF16 EPYC (one thread, SmolLM2's 30 layers x 4
+    projections streamed from memory) the prepacked bf16 weights took 7.8-10.9 ms per batch-1 step
+    against 17.5-34 ms, the 49152 x 576 lm head 1.5 against 3.3 ms, and at M = 32 22-28 against
+    28-38 ms (`python -m benchmarks.decode_latency`). Where bf16 is emulated (AVX2) it stays plain.
     TESSERA_ONEDNN_LINEAR=0 turns it off."""
-    if (weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2
+    if (weight.dtype not in (torch.float32, torch.bfloat16) or weight.device.type != "cpu" or weight.dim() != 2
             or os.environ.get("TESSERA_ONEDNN_LINEAR", "1") == "0" or not torch.backends.mkldnn.is_available()):
+        return None
+    if weight.dtype == torch.bfloat16 and not cpu_has_native_bf16():
         return None
     try:
         return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_BATCH_HINT)

@@ -43,13 +43,30 @@ def test_packed_weight_is_given_back_exactly_and_sized_without_copying():
     assert lin._weight is None  # one copy of the weight kept, the packed one
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_16_bit_weights_stay_plain(dtype):
-    w = torch.randn(32, 16).to(dtype)
+def test_float16_weights_stay_plain():
+    w = torch.randn(32, 16).to(torch.float16)
     lin = Linear(w)
     assert not lin.packed and lin.weight is w and lin.weight_bytes == 32 * 16 * 2
-    x = torch.randn(3, 16).to(dtype)
+    x = torch.randn(3, 16).to(torch.float16)
     assert torch.equal(lin(x), F.linear(x, w))
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 4, 33])
+def test_bf16_packed_where_native_and_equal_to_f_linear(rows, monkeypatch):
+    """bf16 packs only where the CPU multiplies bf16 natively; either way the result is F.linear's, bit for bit."""
+    g = torch.Generator().manual_seed(rows)
+    w = (torch.randn(96, 48, generator=g) / 7).to(torch.bfloat16)
+    x = torch.randn(rows, 96, generator=g)[:, ::2].to(torch.bfloat16)  # a strided view, as attention outputs are
+    lin = Linear(w)
+    assert lin.packed == config.cpu_has_native_bf16()
+    assert lin.storage_dtype is torch.bfloat16 and lin.weight_bytes == 96 * 48 * 2
+    assert torch.equal(lin.weight, w)
+    with torch.inference_mode():
+        assert torch.equal(lin(x), F.linear(x, w))
+    monkeypatch.setattr(layers, "cpu_has_native_bf16", lambda: False)  # an AVX2 host: bf16 is emulated there
+    emulated = Linear(w)
+    assert not emulated.packed and emulated.weight is w
 
 
 def test_switch_off_by_environment(monkeypatch):
