@@ -21,6 +21,7 @@ import statistics
 import time
 
 import torch
+import torch.distributed as dist
 
 from benchmarks.common import cpu_seconds, environment, fmt, write_results
 from dataplane import SamplingParams
@@ -51,12 +52,50 @@ def run(llm: LLM, prompts: list[str], tokens: int, threads: int) -> tuple[float,
     return decoded / window, 1000 * cpu / generated, [o.outputs[0].token_ids for o in outs]
 
 
+def bare_all_reduce(size: int, rows: int, n: int = 600) -> dict:
+    """The floor under TP's step time: `size` gloo processes doing nothing but all-reduce [rows, 576]."""
+    import subprocess
+    import sys
+
+    store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False)
+    procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.tensor_parallel", "--all-reduce-rank", str(r),
+                               "--port", str(store.port), "--tp", str(size), "--rows", str(rows)])
+             for r in range(1, size)]
+    try:
+        return _all_reduce_loop(0, size, store, rows, n)
+    finally:
+        for p in procs:
+            p.wait(60)
+
+
+def _all_reduce_loop(rank: int, size: int, store, rows: int, n: int = 600) -> dict:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=size, store=store)
+    x = torch.ones(rows, 576)
+    for _ in range(50):
+        dist.all_reduce(x)
+    dist.barrier()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(n):
+        dist.all_reduce(x)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    dist.destroy_process_group()
+    return {"rows": rows, "wall_us": 1e6 * wall / n, "rank0_cpu_us": 1e6 * cpu / n}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--tp", type=int, default=3)
+    ap.add_argument("--all-reduce-rank", type=int, help=argparse.SUPPRESS)  # bare_all_reduce's other ranks
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--rows", type=int, default=1, help=argparse.SUPPRESS)
     opts = ap.parse_args()
+    if opts.all_reduce_rank is not None:
+        store = dist.TCPStore("127.0.0.1", opts.port, opts.tp, is_master=False)
+        _all_reduce_loop(opts.all_reduce_rank, opts.tp, store, opts.rows)
+        return
     all_threads = torch.get_num_threads()
     load_before = os.getloadavg()
     one = LLM(MODEL, dtype="float32", kv_cache_memory="128MiB")
@@ -95,11 +134,13 @@ def main() -> None:
                     share["broadcast_s"] += comm.broadcast_seconds - c0[1]
                     share["steps"] += comm.broadcasts - c0[2]
     tp.close()
+    floor = [bare_all_reduce(opts.tp, rows) for rows in (1, 8)]
     load_after = os.getloadavg()
     rows, summary = [], {}
-    base_name = sides[0][0]
+    tp1_names = [name for name, llm, _ in sides if llm is one]
     for key, by_side in runs.items():
-        base = statistics.median(by_side[base_name]["tok_s"])
+        # The naive peer is one process at its better thread count on this host, at this batch.
+        base = max(statistics.median(by_side[name]["tok_s"]) for name in tp1_names)
         s = shares[key]
         summary[key] = {"rank0_collectives": s}
         for name, llm, _ in sides:
@@ -116,6 +157,7 @@ def main() -> None:
     command = f"python -m benchmarks.tensor_parallel --rounds {opts.rounds} --tokens {opts.tokens} --tp {opts.tp}"
     data = {"model": MODEL, "dtype": "float32", "tensor_parallel_size": opts.tp, "tokens": opts.tokens,
             "rounds": opts.rounds, "tp_start_s": tp_start_s, "greedy_outputs_identical": identical,
+            "bare_all_reduce": floor,
             "results": summary, "environment": env, "command": command}
     table = "\n".join([
         f"Tensor parallelism on the CPU: SmolLM2-135M-Instruct float32, greedy, {opts.tokens} tokens per request, "
@@ -124,7 +166,7 @@ def main() -> None:
         f"(a host shared with other work). Greedy outputs identical across the three: "
         f"{'yes' if identical else 'NO'}. Starting the {opts.tp} ranks took {tp_start_s:.1f} s.",
         "",
-        f"| decode | engine | tok/s | vs {base_name} | CPU ms/token (all processes) | rank 0 in all-reduce | "
+        "| decode | engine | tok/s | vs the faster TP=1 | CPU ms/token (all processes) | rank 0 in all-reduce | "
         "step broadcast |",
         "|---|---|---|---|---|---|---|",
         *rows,
@@ -134,6 +176,12 @@ def main() -> None:
         "OpenMP's spinning threads inflate it). Rank 0 in all-reduce: share of its wall time in the 60 "
         "all-reduces per step (2 per layer), waiting for the slowest rank included. Step broadcast: rank 0's "
         "time per step to send the step's input (pickled token ids, positions, attention metadata).",
+        "",
+        f"The floor under a TP step on this host: a bare gloo all-reduce between {opts.tp} processes (1 thread each, "
+        "nothing else to do) took " + " and ".join(
+            f"{f['wall_us']:.0f} us wall ({f['rank0_cpu_us']:.0f} us CPU on rank 0) for [{f['rows']}, 576]"
+            for f in floor) + f"; a step has 60 of them: {60 * floor[0]['wall_us'] / 1000:.0f} ms at batch 1, "
+        f"a ceiling of {1e6 / (60 * floor[0]['wall_us']):.0f} tok/s before any maths.",
         "",
         f"`{command}`",
     ])
