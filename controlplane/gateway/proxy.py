@@ -147,7 +147,7 @@ async def remembered_refusal(authorization: str | None, raw: bytes, kind: str) -
         if principal.limits.monthly_spend_budget is not None:
             return None
         parsed, _ = await checked(principal, raw, kind)
-    except ApplicationError:
+    except Exception:  # noqa: BLE001  (the view gives that answer: its error, or a dependency's 503)
         return None
     decision = refusals.recall(LimitPlan(principal.tenant_id, "", principal.limits, reserved_tokens(principal, parsed), 0))
     if decision is None:

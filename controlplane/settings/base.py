@@ -167,6 +167,8 @@ TESSERA_API_KEY_SECRET = os.environ.get("TESSERA_API_KEY_SECRET", SECRET_KEY)
 # How long a gateway process trusts a key lookup before asking the database again (revocation,
 # suspension and tier changes reach other processes within this many seconds).
 TESSERA_AUTH_CACHE_SECONDS = float(os.environ.get("TESSERA_AUTH_CACHE_SECONDS", "2"))
+# gc.freeze() what a gateway process built at start-up (controlplane/asgi.py): full collections then skip it.
+TESSERA_GC_FREEZE = os.environ.get("TESSERA_GC_FREEZE", "1") == "1"
 # Failed API-key authentications (401s) one client address may make on /v1 and /api/v1 in a burst, and
 # per minute after it; past that it gets 429 too_many_failed_auth (tenants/auth_throttle.py). 0 = off.
 TESSERA_AUTH_FAILURES_PER_MINUTE = int(os.environ.get("TESSERA_AUTH_FAILURES_PER_MINUTE", "20"))

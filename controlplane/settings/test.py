@@ -47,6 +47,7 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 SECRET_KEY = "test-secret-key"
 TESSERA_API_KEY_SECRET = "test-api-key-secret"
 TESSERA_AUTH_CACHE_SECONDS = 0.0
+TESSERA_GC_FREEZE = False  # in-process test servers share pytest's heap: freezing it would keep its garbage
 TESSERA_WORKERS = ""
 # Each test process spools into its own directory: one run must never replay another's usage.
 TESSERA_USAGE_SPOOL_DIR = Path(tempfile.mkdtemp(prefix="tessera-spool-"))
