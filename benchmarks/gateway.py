@@ -247,7 +247,7 @@ def main() -> None:
     parser.add_argument("--name", default="gateway", help="results file stem under benchmarks/results/")
     parser.add_argument("--flood-concurrency", type=int, default=48, help="the over-limit tenant's connections")
     parser.add_argument("--flood-seconds", type=float, default=6.0, help="the flood timed for CPU per refusal")
-    parser.add_argument("--premium-requests", type=int, default=60, help="premium streams timed per phase")
+    parser.add_argument("--premium-requests", type=int, default=150, help="premium streams timed per phase")
     parser.add_argument("--token-delay", type=float, default=0.05,
                         help="seconds per token of the slowed fake upstream behind the flood's gateway")
     args = parser.parse_args()
@@ -297,9 +297,13 @@ def main() -> None:
                    "queue": {"Authorization": f"Bearer {queue_key}"}, "bare": worker_headers,
                    "refused": {"Authorization": f"Bearer {flood_keys['free']}"}}
         pids = {"inline": inline_pid, "queue": queue_pid, "bare": bare.pid, "refused": flood_pid}
-        cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        idle0, t_idle = cpu_seconds(flood_pid), time.perf_counter()
+        time.sleep(3.0)  # what an idle gateway burns (worker polling): the sequential CPU figures include it
+        idle_ms_per_s = (cpu_seconds(flood_pid) - idle0) * 1000 / (time.perf_counter() - t_idle)
+        cpu0, t_lat = {name: cpu_seconds(pid) for name, pid in pids.items()}, time.perf_counter()
         lat = latency(urls, headers, args.model, args.requests, expect={"refused": 429})
         cpu = {name: (cpu_seconds(pid) - cpu0[name]) / (args.requests + 50) * 1000 for name, pid in pids.items()}
+        idle_ms_per_request = idle_ms_per_s * (time.perf_counter() - t_lat) / (args.requests + 50)
         rate = {name: asyncio.run(_rate(urls[name], headers[name], args.model, args.concurrency, args.seconds))
                 for name in PATHS}
         flood = auth_flood(inline_url, headers["inline"], args.model, args.requests)
@@ -326,6 +330,7 @@ def main() -> None:
         "gateway_processes": 1, "cpus": os.cpu_count(), "latency": lat, "gateway_cpu_ms_per_request": cpu,
         "rate": rate, "ledger_rows": rows_written, "auth_flood": flood,
         "refusals": {"sequential": {"cpu_ms": cpu["refused"], **lat["refused"]}, "flood": flood_cpu, "floor_flood": floor_cpu,
+                     "idle_gateway_cpu_ms_per_s": idle_ms_per_s, "idle_cpu_ms_per_sequential_request": idle_ms_per_request,
                      "premium_under_flood": premium, "token_delay_s": args.token_delay},
         "targets": {"added_p50_ms": 3.0, "added_p99_ms": 10.0, "refusal_cpu_ms": 0.5, "premium_ttft_p95_ratio": 1.5},
         "when": time.strftime("%Y-%m-%d %H:%M:%S"), "load_average_1m": [load_before, os.getloadavg()[0]],
@@ -373,7 +378,7 @@ def main() -> None:
         f"/v1/models from another address (8 connections; {flood['flood']['statuses']}); the inline gateway's p50 for a "
         f"good key {flood['quiet_p50_ms']:.2f} ms alone, {flood['flooded_p50_ms']:.2f} ms during the flood.",
         "",
-        *gateway_refusals.table_lines(lat, cpu, flood_cpu, floor_cpu, premium, args.token_delay),
+        *gateway_refusals.table_lines(lat, cpu, flood_cpu, floor_cpu, premium, args.token_delay, idle_ms_per_request),
     ])
     write_results(args.name, data, table)
     print(table)
