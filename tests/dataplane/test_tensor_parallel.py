@@ -76,6 +76,39 @@ def test_shards_rebuild_the_full_weights() -> None:
 
 
 @pytest.mark.slow
+def test_a_worker_serves_with_three_ranks_and_stops_them(tp3: LLM) -> None:
+    """The real worker process with --tensor-parallel-size 3: one completion over HTTP equal to the
+    offline TP engine's, and its two follower processes gone after SIGTERM."""
+    import httpx
+
+    from tests.dataplane.worker.process import running
+
+    expected = tp3.generate("The capital of France is", GREEDY)[0].outputs[0].text
+    with running("--tensor-parallel-size", "3", "--dtype", "float32", "--kv-cache-memory", "64MiB") as worker:
+        body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 16, "temperature": 0,
+                "ignore_eos": True}
+        answer = httpx.post(worker.url + "/v1/completions", json=body, headers=worker.headers, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["text"] == expected
+        followers = _children(worker.proc.pid)
+        assert len(followers) == 2
+    assert not [pid for pid in followers if os.path.exists(f"/proc/{pid}")]
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.slow
 def test_a_dead_rank_fails_the_engine_loudly(tp3: LLM) -> None:
     """Last in this module: it kills rank 2. The step fails with the rank's exit, not a hang."""
     follower = tp3.core.model.procs[1]
