@@ -191,6 +191,10 @@ class ModelConfig:
     quantization: str | None = None  # None (as the checkpoint is) | awq | fp8 | int4 | int8 (dataplane/quant)
     quantize_lm_head: bool = False  # also quantize the output projection (kept in `dtype` by default)
     int4_dense_above: int = 0  # int4: keep a dense copy, used for batches above this many rows (0: no copy)
+    # decode-only steps through torch.compile (models/compiled_decode.py; CPU torch path, eager fallback).
+    # Off: on an AVX-512 BF16 EPYC it measured no faster than eager (benchmarks/results/decode_latency.md)
+    # and its first step compiles for seconds to minutes.
+    compile_decode: bool = False
     # ranks the model is split across (dataplane/distributed): heads and MLP columns per rank; must divide
     # the model's attention and key/value head counts (checked at load, where they are known)
     tensor_parallel_size: int = 1

@@ -53,6 +53,8 @@ class EngineCore:
         else:
             loaded = preloaded or load_configured(model_config, progress)
         self.model = loaded.model
+        if model_config.compile_decode and getattr(self.model, "compiled", False) is None:  # not yet, and can
+            self.model.enable_compiled_decode()
         self.tokenizer = loaded.tokenizer
         self.model_name = model_config.model
         self.max_model_len = min(model_config.max_model_len or loaded.args.max_position, loaded.args.max_position)

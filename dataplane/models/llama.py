@@ -20,6 +20,7 @@ from kernels import dispatch
 
 if TYPE_CHECKING:
     from dataplane.lora.context import LoRAStepContext
+    from dataplane.models.compiled_decode import CompiledDecode
 
 
 @dataclass(slots=True)
@@ -52,6 +53,17 @@ class LlamaModel:
         self._act = dispatch.silu_and_mul if use_kernels else silu_and_mul
         self._attention = paged_attention_kernels if use_kernels else paged_attention
         self.scale = args.head_dim ** -0.5
+        self.compiled: CompiledDecode | None = None  # decode-only steps through torch.compile (opt-in)
+
+    def enable_compiled_decode(self, *, cpp_wrapper: bool = False) -> bool:
+        """Run decode-only steps through torch.compile (models/compiled_decode.py); compiles lazily, on
+        the first such step. Only the CPU torch path: where the Triton kernels run it stays eager."""
+        if self.use_kernels or self.device.type != "cpu":
+            return False
+        from dataplane.models.compiled_decode import CompiledDecode
+
+        self.compiled = CompiledDecode(self, cpp_wrapper=cpp_wrapper)
+        return True
 
     @property
     def weight_bytes(self) -> int:
@@ -97,6 +109,10 @@ class LlamaModel:
         lora: LoRAStepContext | None = None,
     ) -> torch.Tensor:
         """[T, hidden]: every row's residual stream after the last layer, before the final norm."""
+        if self.compiled is not None and self.compiled.applies(meta, lora):
+            h = self.compiled(input_ids, positions, meta, kv_caches)
+            if h is not None:  # None: the compiled path failed and is off; eager below
+                return h
         a = self.args
         eps = a.rms_norm_eps
         q_size, kv_size, heads, kv_heads, d = a.q_size, a.kv_size, a.num_heads, a.num_kv_heads, a.head_dim
