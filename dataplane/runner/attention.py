@@ -21,6 +21,9 @@ from kernels import dispatch
 # A decode group is cut when the next context is this much longer than the group's shortest:
 # gathered K/V rows are padded to the group's longest, so this bounds the wasted gather traffic.
 DECODE_GROUP_SPREAD = 1.5
+# Decode groups of at most this many sequences attend in float32 on the torch path (_decode_attention);
+# larger ones keep the 16-bit block-diagonal matmuls, where widening every gathered key would cost more.
+FLOAT32_DECODE_ROWS = 2
 
 
 @dataclass(slots=True)
@@ -150,6 +153,17 @@ def _decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
     k = _gather(key_cache, g.block_tables, out=g.workspace[0])
     v = _gather(value_cache, g.block_tables, out=g.workspace[1])
     length = k.shape[1]
+    if n <= FLOAT32_DECODE_ROWS and q.dtype != torch.float32:
+        # A few sequences (batch-1 decode): 16-bit batched matmuls this small run far below the
+        # matmul's speed (oneDNN's per-call cost), float32 ones do not, and the K/V copies to widen
+        # stay small. 9/3 heads, bf16, one thread: 52 against 81 us a layer at 150 keys, 190 against
+        # 329 at 600. Scores and probabilities stay float32 (no rounding to bf16 between the matmuls).
+        kf, vf = k.float(), v.float()
+        qg = q.float().view(n, num_kv_heads, group, head_dim)
+        scores = torch.einsum("nhgd,nlhd->nhgl", qg, kf).mul_(scale)  # [n, kvh, group, L]
+        scores.masked_fill_(~g.mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        return torch.einsum("nhgl,nlhd->nhgd", probs, vf).reshape(n, num_heads, head_dim).to(q.dtype)
     if num_kv_heads > 4:
         qg = q.view(n, num_kv_heads, group, head_dim)
         kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # [n, kvh, L, d]
