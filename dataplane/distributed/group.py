@@ -59,6 +59,9 @@ class CommStats:
     broadcast_seconds: float = 0.0
 
 
+_WIDEN = (torch.bfloat16, torch.float16)
+
+
 class AllReduceLinear:
     """A row-parallel projection: this rank's partial product, summed over the ranks in place.
 
@@ -74,7 +77,16 @@ class AllReduceLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = self.inner(x)
         t0 = time.perf_counter()
-        dist.all_reduce(y)
+        if y.dtype in _WIDEN and y.device.type == "cpu":
+            # Summed in float32 on the CPU: a 16-bit sum of rounded partial products rounds once more
+            # than one process's matmul, and flipped greedy near-ties (SmolLM2 bf16, 8 prompts x 16
+            # tokens: 5 of 8 identical to one process summed in bf16, 6 of 8 widened). Gloo's cost is
+            # latency, not bytes; NCCL keeps the model dtype (half the bytes, as vLLM does).
+            wide = y.float()
+            dist.all_reduce(wide)
+            y = wide.to(y.dtype)
+        else:
+            dist.all_reduce(y)
         self.stats.all_reduce_seconds += time.perf_counter() - t0
         self.stats.all_reduces += 1
         return y
