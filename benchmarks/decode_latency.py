@@ -1,0 +1,210 @@
+"""Batch-1 decode latency without speculation: where a step's time goes, what each change buys, and
+llama.cpp on the same GGUF in the same run.
+
+    python -m benchmarks.decode_latency [--rounds 5] [--threads N] [--compile] [--no-peer]
+
+Every variant decodes 64 greedy tokens after the same 128-token prompt, alone on its engine
+(max_num_seqs=1), in interleaved rounds; the table gives the median. Variants: bf16 with the
+projections as plain `F.linear` (TESSERA_ONEDNN_LINEAR=0, the layout before bf16 packing), bf16 with
+oneDNN-prepacked projections (the default), the same with the decode step compiled (--compile;
+models/compiled_decode.py), and 32 concurrent requests for the first two (aggregate tok/s: the
+batch-1 work must not cost throughput). The peer is llama-cpp-python (the `bench` extra), same GGUF
+(its own Q4_1 weights), same thread count, same prompt ids. A torch.profiler pass over 20 batch-1
+steps of the default variant splits the step into op categories.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections import defaultdict
+
+import torch
+
+from benchmarks.common import environment, fmt, measure_bandwidth_gbs, write_results
+from dataplane import SamplingParams
+from dataplane.config import CacheConfig, ModelConfig, SchedulerConfig
+from dataplane.engine.core import EngineCore
+from dataplane.models.loader import load_configured
+from dataplane.models.registry import resolve_model_path
+
+MODEL = "smollm2-135m-instruct"
+PROMPT_LEN, NEW_TOKENS = 128, 64
+
+# torch.profiler op names -> the step's parts (self CPU time; anything unnamed is "other ops").
+CATEGORIES = {
+    "projections (incl. lm head)": ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::linear",
+                                    "tessera::projection"),
+    "attention (gather, scores, softmax, KV write)": (
+        "aten::bmm", "aten::_softmax", "aten::softmax", "aten::index_select", "aten::masked_fill_",
+        "aten::index_copy_", "aten::stack", "aten::new_zeros", "aten::zero_", "aten::fill_",
+        "tessera::paged_attention"),
+    "norms": ("aten::_fused_rms_norm", "aten::rms_norm", "aten::pow", "aten::mean", "aten::rsqrt"),
+    "copies, casts, views": ("aten::copy_", "aten::_to_copy", "aten::to", "aten::view", "aten::select",
+                             "aten::slice", "aten::as_strided", "aten::reshape", "aten::transpose", "aten::t",
+                             "aten::empty", "aten::empty_strided", "aten::view_as_complex", "aten::view_as_real",
+                             "aten::unsqueeze", "aten::flatten", "aten::expand", "aten::contiguous",
+                             "aten::clone", "aten::_unsafe_view", "aten::chunk", "aten::split", "aten::lift_fresh"),
+    "pointwise (residual, rotary, SwiGLU)": ("aten::add", "aten::add_", "aten::mul", "aten::mul_", "aten::silu",
+                                            "aten::div_", "aten::cat", "aten::sum", "aten::embedding"),
+    "sampling": ("aten::argmax", "aten::max", "aten::index", "aten::index_put_", "aten::_local_scalar_dense",
+                 "aten::item", "aten::lt", "aten::arange", "aten::scalar_tensor"),
+}
+
+
+def _engine(loaded, mc: ModelConfig, seqs: int) -> EngineCore:
+    return EngineCore(mc, CacheConfig(kv_cache_memory="1GiB"), SchedulerConfig(max_num_seqs=seqs),
+                      progress=False, preloaded=loaded)
+
+
+def _prompt(i: int) -> list[int]:
+    return [(37 * i + 11 * j) % 20000 + 200 for j in range(PROMPT_LEN)]
+
+
+def _decode(core: EngineCore, concurrency: int) -> tuple[float, float]:
+    """(wall tok/s, process-CPU tok/s) of the decode steps after every prompt is in."""
+    for i in range(concurrency):
+        rid, text, ch = core.make_requests(_prompt(i), SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0,
+                                                                      ignore_eos=True))
+        core.add(rid, text, ch)
+    first = 0
+    while core.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens
+                                         for r in core.scheduler.running):
+        first += sum(len(c.token_ids) for o in core.step(delta=True) for c in o.outputs)
+    wall, cpu, tokens = time.perf_counter(), time.process_time(), 0
+    while core.has_unfinished():
+        tokens += sum(len(c.token_ids) for o in core.step(delta=True) for c in o.outputs)
+    return tokens / (time.perf_counter() - wall), tokens / (time.process_time() - cpu)
+
+
+def _profile(core: EngineCore) -> dict[str, float]:
+    """ms per batch-1 decode step, by category, over 20 profiled steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rid, text, ch = core.make_requests(_prompt(0), SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    core.add(rid, text, ch)
+    for _ in range(6):
+        core.step()
+    steps = 20
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            core.step()
+        wall = time.perf_counter() - t0
+    while core.has_unfinished():
+        core.step()
+    owner = {name: cat for cat, names in CATEGORIES.items() for name in names}
+    parts: dict[str, float] = defaultdict(float)
+    for e in prof.key_averages():
+        parts[owner.get(e.key, "other ops")] += e.self_cpu_time_total / 1e3 / steps
+    ops = sum(parts.values())
+    parts["Python: scheduler, runner input prep, model glue (wall - ops)"] = max(wall * 1e3 / steps - ops, 0.0)
+    parts["step wall under the profiler"] = wall * 1e3 / steps
+    return dict(parts)
+
+
+def _llama_cpp(threads: int, rounds: int) -> list[float] | str:
+    try:
+        from llama_cpp import Llama
+    except ImportError as exc:
+        return f"llama-cpp-python not installed ({exc}); pip install -e '.[bench]'"
+    llm = Llama(model_path=str(resolve_model_path(MODEL)), n_ctx=1024, n_threads=threads,
+                n_threads_batch=threads, verbose=False)
+    out = []
+    for r in range(rounds + 1):
+        n, t_first = 0, 0.0
+        for _tok in llm.generate(_prompt(0), top_k=1, temp=0.0, reset=True):
+            n += 1
+            if n == 1:
+                t_first = time.perf_counter()  # the prompt is in and the first token out
+            if n == NEW_TOKENS + 1:
+                break
+        if r:  # the first round warms up
+            out.append(NEW_TOKENS / (time.perf_counter() - t_first))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None, help="torch and llama.cpp threads (default: torch's)")
+    ap.add_argument("--compile", action="store_true", help="also the compiled decode step (compiles first)")
+    ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--name", default="decode_latency")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    bandwidth = measure_bandwidth_gbs()
+    mc = ModelConfig(MODEL, dtype="bfloat16")
+    os.environ["TESSERA_ONEDNN_LINEAR"] = "0"
+    plain = load_configured(mc, progress=False)
+    os.environ["TESSERA_ONEDNN_LINEAR"] = "1"
+    packed = load_configured(mc, progress=False)
+    # Weights streamed per token: the tied head is one more copy once packed, so count the plain model's.
+    streamed = plain.model.weight_bytes
+    roofline = bandwidth * 1e9 / streamed
+    variants = {"bf16, plain F.linear": (plain, 1), "bf16, prepacked (default)": (packed, 1),
+                "bf16, plain F.linear, 32 concurrent": (plain, 32), "bf16, prepacked, 32 concurrent": (packed, 32)}
+    compile_s = None
+    if args.compile:
+        compiled = load_configured(mc, progress=False)
+        compiled.model.enable_compiled_decode()
+        variants["bf16, prepacked + compiled decode"] = (compiled, 1)
+        variants["bf16, prepacked + compiled decode, 32 concurrent"] = (compiled, 32)
+        _decode(_engine(compiled, mc, 1), 1)  # compiles the batch-1 graph
+        _decode(_engine(compiled, mc, 32), 32)  # ... and the dynamic one
+        compile_s = {n: round(t, 1) for n, t in compiled.model.compiled.compile_seconds.items()}
+        print(f"compile seconds by first batch size: {compile_s}; failed: {compiled.model.compiled.failed}")
+    engines = {name: _engine(m, mc, c) for name, (m, c) in variants.items()}
+    for name, (_m, c) in variants.items():
+        _decode(engines[name], c)  # warm-up: first pass over each shape
+    wall: dict[str, list[float]] = defaultdict(list)
+    cpu: dict[str, list[float]] = defaultdict(list)
+    load = []
+    for r in range(args.rounds):
+        load.append(os.getloadavg()[0])
+        for name, (_m, c) in variants.items():
+            w, p = _decode(engines[name], c)
+            wall[name].append(w)
+            cpu[name].append(p)
+        print(f"round {r}: " + ", ".join(f"{n}: {wall[n][-1]:.1f}" for n in variants), flush=True)
+    peer = None if args.no_peer else _llama_cpp(threads, args.rounds)
+    breakdown = _profile(_engine(packed, mc, 1))
+    results = {"env": environment(), "threads": threads, "bandwidth_gbs": bandwidth, "streamed_bytes": streamed,
+               "roofline_tok_s": roofline, "load_1min": load, "wall_tok_s": wall, "cpu_tok_s": cpu,
+               "llama_cpp_tok_s": peer, "compile_seconds": compile_s, "breakdown_ms": breakdown}
+    med = {n: statistics.median(v) for n, v in wall.items()}
+    base = med["bf16, plain F.linear"]
+    rows = ["| system | tok/s (median) | per token (ms) | vs plain bf16 | CPU-time tok/s | share of roofline |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for n in variants:
+        conc = "32 concurrent" in n
+        rows.append(f"| tessera, {n} | {fmt(med[n])} | {fmt(1e3 / med[n] * (32 if conc else 1), 2)} | "
+                    f"{med[n] / (med['bf16, plain F.linear, 32 concurrent'] if conc else base):.2f}x | "
+                    f"{fmt(statistics.median(cpu[n]))} | {'–' if conc else f'{med[n] / roofline:.0%}'} |")
+    if isinstance(peer, list):
+        p = statistics.median(peer)
+        rows.append(f"| llama.cpp (llama-cpp-python), same GGUF (Q4_1 weights), batch 1 | {fmt(p)} | "
+                    f"{fmt(1e3 / p, 2)} | {p / base:.2f}x | – | – |")
+        results["tessera_default_vs_llama_cpp"] = med["bf16, prepacked (default)"] / p
+    else:
+        rows.append(f"| llama.cpp | not run: {peer or '--no-peer'} | | | | |")
+    rows += ["", "Batch-1 step breakdown, bf16 prepacked (torch.profiler self CPU time, 20 steps; the profiler "
+             "inflates small ops):", "", "| part | ms per step |", "|---|---:|"]
+    rows += [f"| {k} | {v:.2f} |" for k, v in sorted(breakdown.items(), key=lambda kv: -kv[1])]
+    loads = f"{min(load):.1f}–{max(load):.1f}"
+    rows += ["", f"SmolLM2-135M-Instruct, {results['env']['cpu']}, {threads} thread(s), load average {loads}, "
+             f"{args.rounds} interleaved rounds of {NEW_TOKENS} greedy tokens after a {PROMPT_LEN}-token prompt "
+             f"(32 concurrent: aggregate tok/s, per token = 32 / tok/s). Roofline: {bandwidth:.1f} GB/s measured / "
+             f"{streamed / 1e6:.0f} MB of bf16 weights = {roofline:.0f} tok/s."
+             + (f" Compile seconds (first step of each batch size): {compile_s}." if compile_s else "")]
+    table = "\n".join(rows)
+    print(table)
+    write_results(args.name, results, table)
+
+
+if __name__ == "__main__":
+    main()
