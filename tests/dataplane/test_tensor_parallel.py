@@ -92,7 +92,7 @@ def test_a_worker_serves_with_three_ranks_and_stops_them(tp3: LLM) -> None:
         assert answer.json()["choices"][0]["text"] == expected
         followers = _children(worker.proc.pid)
         assert len(followers) == 2
-    assert not [pid for pid in followers if os.path.exists(f"/proc/{pid}")]
+    assert not [pid for pid in followers if _alive(pid)]
 
 
 def _children(pid: int) -> list[int]:
@@ -106,6 +106,39 @@ def _children(pid: int) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+@pytest.mark.slow
+def test_followers_exit_when_rank_0_is_killed() -> None:
+    """SIGKILL leaves no chance to tell them: the closed gloo connection (or, outside a collective, the
+    parent watchdog) must end them."""
+    import subprocess
+    import sys
+
+    script = ("from dataplane.engine.llm import LLM\n"
+              f"llm = LLM({MODEL!r}, dtype='float32', kv_cache_memory='32MiB', tensor_parallel_size=3)\n"
+              "print(*[f.proc.pid for f in llm.core.model.procs], flush=True)\n"
+              "import time; time.sleep(120)\n")
+    rank0 = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        followers = [int(pid) for pid in rank0.stdout.readline().split()]
+        assert len(followers) == 2 and all(os.path.exists(f"/proc/{pid}") for pid in followers)
+    finally:
+        rank0.kill()
+        rank0.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(_alive(pid) for pid in followers):
+        time.sleep(0.2)
+    assert not [pid for pid in followers if _alive(pid)]
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for init to reap it counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @pytest.mark.slow
