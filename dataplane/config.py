@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dataplane.cpu_features import cpu_has_native_bf16
 from dataplane.spec_decode.config import SpeculativeConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -30,13 +31,6 @@ def parse_bytes(value: int | str, *, name: str) -> int:
     if n <= 0:
         raise ValueError(f"{name}: must be positive, got {value!r}")
     return n
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX), not by emulation."""
-    cpu = torch.cpu
-    return bool(getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()
-                or getattr(cpu, "_is_amx_tile_supported", lambda: False)())
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:

@@ -25,7 +25,6 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from dataplane.models.llama import LlamaModel
     from dataplane.runner.attention import AttentionMetadata
 
 log = logging.getLogger(__name__)
@@ -75,7 +74,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class CompiledDecode:
     """LlamaModel.hidden_states for decode-only steps, compiled on first use."""
 
-    def __init__(self, model: LlamaModel, *, cpp_wrapper: bool = False) -> None:
+    def __init__(self, model: torch.nn.Module, *, cpp_wrapper: bool = False) -> None:
         self.model = model
         self.key = next(_keys)
         self.cpp_wrapper = cpp_wrapper

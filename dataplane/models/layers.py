@@ -7,7 +7,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from dataplane.config import cpu_has_native_bf16
+from dataplane.cpu_features import cpu_has_native_bf16
 
 
 class Linear:
