@@ -127,8 +127,10 @@ def premium_under_flood(url: str, premium_key: str, free_key: str, model: str, n
     return out
 
 
-def table_lines(lat: dict, cpu: dict, flood_cpu: dict, floor_cpu: dict, flood: dict, token_delay: float) -> list[str]:
-    """The markdown section for gateway.md: `lat` and `cpu` are the latency run's, by path."""
+def table_lines(lat: dict, cpu: dict, flood_cpu: dict, floor_cpu: dict, flood: dict, token_delay: float,
+                idle_ms: float) -> list[str]:
+    """The markdown section for gateway.md: `lat` and `cpu` are the latency run's, by path; `idle_ms` what an
+    idle gateway burns in the time of one sequential request."""
     s = flood_cpu["statuses"]
     q, f, e = flood["quiet"], flood["flooded"], flood["flood_elsewhere"]
     fr, er = flood["flooded_report"], flood["flood_elsewhere_report"]
@@ -150,6 +152,8 @@ def table_lines(lat: dict, cpu: dict, flood_cpu: dict, floor_cpu: dict, flood: d
         f"{floor_cpu['cpu_ms_per_answer']:.2f} | | |",
         f"| bare uvicorn+httpx proxy, admitted (floor) | {cpu['bare']:.2f} | | |",
         "",
+        f"The sequential rows include what a gateway burns idle (worker polling) while the other paths take "
+        f"their turn: {idle_ms:.2f} ms per request here. "
         f"Target: a refusal ≤ 0.5 ms of CPU. The flood got {flood_cpu['answers_per_s']:.0f} answers/s "
         f"({s}) with the gateway process at {flood_cpu['gateway_cpu_share'] * 100:.0f}% of a CPU.",
         "",
