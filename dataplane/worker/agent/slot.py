@@ -117,6 +117,7 @@ class EngineSlot:
                 source = self.resolve_source(spec["model"]["source"])
                 gate = self.quality_gate(spec, source)
                 engine = self._build(source, spec)
+                self._warm_up(engine)
                 self._call_on_loop(self._attach, engine, source, spec["served_name"],
                                    (spec.get("engine_args") or {}).get("tool_call_parser"))
                 self.loaded = Loaded(spec["uid"], spec["attempt"], spec["served_name"], source, fp,
@@ -220,6 +221,18 @@ class EngineSlot:
             raise LoadError(f"cannot load {source!r}: {exc}", permanent=True) from exc
         except Exception as exc:  # noqa: BLE001 - out of memory, a driver error...: worth another attempt
             raise LoadError(f"loading {source!r} failed: {exc!r}", permanent=False) from exc
+
+    def _warm_up(self, engine) -> None:
+        """Build the batch shapes before the replica reports ready, as a worker that loads its model at
+        start-up does (WorkerState.load): the heartbeat says "loading" meanwhile, so the gateway routes
+        nothing here and the first tenants do not pay oneDNN's per-shape kernel builds."""
+        if not getattr(getattr(self.state, "config", None), "warmup", False):
+            return
+        try:
+            report = asyncio.run(engine.warm_up())  # a task thread: no event loop of its own
+            log.info("engine warmed up", extra={"seconds": round(report.seconds, 1), "steps": report.steps})
+        except Exception:  # noqa: BLE001 - a cold engine still serves, only slower at first
+            log.exception("engine warm-up failed; serving without it")
 
     @staticmethod
     def _lora_config(spec: dict, args: dict):

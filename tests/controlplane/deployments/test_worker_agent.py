@@ -20,8 +20,14 @@ class FakeEngine:
         self.source, self.alive, self.latest_stats, self._streams = source, True, None, {}
         self.adapters: dict[str, str] = {}
 
+        self.warmed_up = False
+
     def is_alive(self) -> bool:
         return self.alive
+
+    async def warm_up(self):
+        self.warmed_up = True
+        return types.SimpleNamespace(seconds=0.0, steps=0)
 
     def shutdown(self) -> None:
         self.alive = False
@@ -95,6 +101,17 @@ def test_a_duplicate_load_loads_nothing_twice(agent):
     assert [body["status"] for _, body in agent.control.reports] == ["ready", "ready", "ready"]
     assert agent.state.config.model_id == "smollm2-135m-instruct" and agent.state.serving is not None
     assert agent.slot.snapshot()["state"] == "ready" and agent.slot.snapshot()["attempt"] == 2
+
+
+def test_a_load_warms_the_engine_up_before_it_reports_ready_unless_the_worker_says_not_to(agent):
+    agent.state.config.warmup = True
+    agent.control.specs[1] = spec()
+    assert agent.runner.load_model(1, 1) == "loaded"
+    assert agent.built[-1].warmed_up
+    agent.state.config.warmup = False
+    agent.control.specs[2] = spec(replica_id=2)
+    assert agent.runner.load_model(2, 1) == "loaded"
+    assert not agent.built[-1].warmed_up
 
 
 def test_stale_or_unwanted_messages_do_nothing(agent):
