@@ -132,6 +132,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch and llama.cpp threads (default: torch's)")
     ap.add_argument("--compile", action="store_true", help="also the compiled decode step (compiles first)")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--quant", default="", help="also these batch-1 variants quantized at load, lm head included "
+                    "(comma-separated: int8, int4): what fewer bytes buy, not gated variants (int4 round-to-nearest "
+                    "fails the quality gate; the gated AWQ checkpoint is benchmarks.quant's)")
     ap.add_argument("--name", default="decode_latency")
     args = ap.parse_args()
     if args.threads:
@@ -148,6 +151,9 @@ def main() -> None:
     roofline = bandwidth * 1e9 / streamed
     variants = {"bf16, plain F.linear": (plain, 1), "bf16, prepacked (default)": (packed, 1),
                 "bf16, plain F.linear, 32 concurrent": (plain, 32), "bf16, prepacked, 32 concurrent": (packed, 32)}
+    for method in filter(None, args.quant.split(",")):
+        qmc = ModelConfig(MODEL, dtype="bfloat16", quantization=method, quantize_lm_head=True)
+        variants[f"{method} weights and lm head (at load, round-to-nearest)"] = (load_configured(qmc, progress=False), 1)
     compile_s = None
     if args.compile:
         compiled = load_configured(mc, progress=False)
