@@ -186,8 +186,10 @@ class ModelConfig:
     quantize_lm_head: bool = False  # also quantize the output projection (kept in `dtype` by default)
     int4_dense_above: int = 0  # int4: keep a dense copy, used for batches above this many rows (0: no copy)
     # decode-only steps through torch.compile (models/compiled_decode.py; CPU torch path, eager fallback).
-    # Off: on an AVX-512 BF16 EPYC it measured no faster than eager (benchmarks/results/decode_latency.md)
-    # and its first step compiles for seconds to minutes.
+    # Off by default: on an AVX-512 BF16 EPYC it gained little over eager (2 threads, quiet host: 1.05x at
+    # batch 1, 1.08x at 32 concurrent; 1 thread: none; benchmarks/results/decode_latency*.md), since the
+    # step is mostly the projections' weight streaming, and a first step compiles for 10-20 s with
+    # Inductor's on-disk cache, minutes without.
     compile_decode: bool = False
     # ranks the model is split across (dataplane/distributed): heads and MLP columns per rank; must divide
     # the model's attention and key/value head counts (checked at load, where they are known)
