@@ -42,6 +42,10 @@ class WorkerConfig:
     # ranks the model is split across (dataplane/distributed; gloo processes on a CPU, one GPU each on CUDA);
     # must divide the model's attention and key/value head counts. On a CPU the threads are shared by the ranks.
     tensor_parallel_size: int = 1
+    # decode-only steps through torch.compile (dataplane/models/compiled_decode.py): fuses the small ops
+    # around the projections; compiles on the first decode step (minutes cold, seconds from Inductor's
+    # cache), so off unless asked: on an AVX-512 BF16 EPYC it gained 1.05x at batch 1 (benchmarks.decode_latency)
+    compile_decode: bool = False
     # torch intra-op threads (default: torch's own choice). On a CPU shared with a gateway or other
     # processes, fewer threads than cores avoids every parallel region waiting for a descheduled one.
     threads: int | None = None
@@ -168,7 +172,7 @@ class WorkerConfig:
             "max_model_len": self.max_model_len, "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens, "max_waiting": self.max_waiting,
             "enable_prefix_caching": self.enable_prefix_caching, "seed": self.seed, "progress": False,
-            "tensor_parallel_size": self.tensor_parallel_size,
+            "tensor_parallel_size": self.tensor_parallel_size, "compile_decode": self.compile_decode,
             "itl_guard_priority": self.itl_guard_priority, "itl_guard_tokens": self.itl_guard_tokens,
             "itl_guard_seqs": self.itl_guard_seqs, "itl_guard_step_tokens": self.itl_guard_step_tokens,
             "itl_guard_step_ms": self.itl_guard_step_ms, "background_priority": self.background_priority,

@@ -70,3 +70,14 @@ def test_not_enabled_where_the_kernels_run():
     model = loaded(tiny_args(), tiny_tensors(tiny_args()))
     model.model.use_kernels = True
     assert not model.model.enable_compiled_decode() and model.model.compiled is None
+
+
+def test_the_worker_flag_reaches_the_engine_in_both_ways_a_worker_loads():
+    from dataplane.worker.agent.slot import MODEL_CONFIG
+    from dataplane.worker.config import load_config
+
+    assert load_config(["--model", "m"], env={}).engine_kwargs()["compile_decode"] is False
+    kwargs = load_config(["--model", "m", "--compile-decode"], env={}).engine_kwargs()
+    assert kwargs["compile_decode"] is True
+    assert load_config(["--model", "m"], env={"TESSERA_WORKER_COMPILE_DECODE": "true"}).engine_kwargs()["compile_decode"]
+    assert "compile_decode" in MODEL_CONFIG  # a replica loaded by the agent builds its ModelConfig from these keys

@@ -33,7 +33,7 @@ log = logging.getLogger("tessera.worker.agent")
 # Errors that say the spec cannot work (bad source, bad settings): retrying the same spec cannot help.
 PERMANENT_ERRORS = (ValueError, TypeError, KeyError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
                     PermissionError, ImportError)
-MODEL_CONFIG = ("dtype", "device", "max_model_len", "seed", "tensor_parallel_size")
+MODEL_CONFIG = ("dtype", "device", "max_model_len", "seed", "tensor_parallel_size", "compile_decode")
 CACHE_CONFIG = ("block_size", "kv_cache_memory", "enable_prefix_caching")
 SCHEDULER_CONFIG = ("max_num_seqs", "max_num_batched_tokens", "max_waiting")
 
