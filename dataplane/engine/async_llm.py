@@ -18,6 +18,7 @@ from typing import Any
 
 from dataplane.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from dataplane.engine.core import EngineCore, PromptInput
+from dataplane.engine.passing_thread import in_passing_thread
 from dataplane.engine.warmup import WarmupReport, warm_up
 from dataplane.lora.manager import AdapterInfo, LoRAStats
 from dataplane.models.loader import LoadedModel
@@ -133,7 +134,7 @@ class AsyncLLM:
         lora = self.core.lora
         if lora is None:
             raise ValueError("adapter: LoRA is not enabled on this engine (enable_lora=True)")
-        adapter = await asyncio.to_thread(lora.load, name, path)
+        adapter = await in_passing_thread(lora.load, name, path, thread_name="tessera-adapter-load")
         await self._call(lambda: lora.register(adapter))
 
     async def remove_adapter(self, name: str) -> None:

@@ -6,13 +6,13 @@ and it on none of them.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
 import time
 from collections.abc import Callable
 
 from dataplane.engine.async_llm import AsyncLLM
+from dataplane.engine.passing_thread import in_passing_thread
 from dataplane.worker import adapters
 from dataplane.worker.config import WorkerConfig
 from dataplane.worker.drain import Drainer
@@ -54,7 +54,8 @@ class WorkerState:
     async def load(self) -> None:
         started = time.monotonic()
         try:
-            engine = await asyncio.to_thread(AsyncLLM.from_args, self.config.model, **self.config.engine_kwargs())
+            engine = await in_passing_thread(AsyncLLM.from_args, self.config.model, thread_name="tessera-load",
+                                             **self.config.engine_kwargs())
         except Exception as exc:  # noqa: BLE001 - a worker that cannot load must exit, loudly
             log.exception("model failed to load", extra={"model": self.config.model})
             self.load_error = exc

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from dataplane.engine.passing_thread import call_in_passing_thread
 from dataplane.worker.adapter_root import OutsideAdapterRoot, resolve_in_root
 from dataplane.worker.app import WorkerState
 from dataplane.worker.metrics import WorkerMetrics
@@ -115,8 +116,10 @@ class EngineSlot:
                 self._unload_locked()
                 started = time.monotonic()
                 source = self.resolve_source(spec["model"]["source"])
-                gate = self.quality_gate(spec, source)
-                engine = self._build(source, spec)
+                # Torch work here runs on threads that exit: a task thread that lives on would keep an
+                # OpenMP pool and halve the engine's decode speed (dataplane/engine/passing_thread.py).
+                gate = call_in_passing_thread(self.quality_gate, spec, source, thread_name="tessera-gate")
+                engine = call_in_passing_thread(self._build, source, spec, thread_name="tessera-load")
                 self._warm_up(engine)
                 self._call_on_loop(self._attach, engine, source, spec["served_name"],
                                    (spec.get("engine_args") or {}).get("tool_call_parser"))

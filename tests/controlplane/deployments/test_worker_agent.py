@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import types
 
 import pytest
@@ -21,6 +22,7 @@ class FakeEngine:
         self.adapters: dict[str, str] = {}
 
         self.warmed_up = False
+        self.built_on = threading.current_thread()
 
     def is_alive(self) -> bool:
         return self.alive
@@ -108,6 +110,8 @@ def test_a_load_warms_the_engine_up_before_it_reports_ready_unless_the_worker_sa
     agent.control.specs[1] = spec()
     assert agent.runner.load_model(1, 1) == "loaded"
     assert agent.built[-1].warmed_up
+    # built on a thread that exits (dataplane/engine/passing_thread.py), not the task's own thread
+    assert agent.built[-1].built_on is not threading.current_thread() and not agent.built[-1].built_on.is_alive()
     agent.state.config.warmup = False
     agent.control.specs[2] = spec(replica_id=2)
     assert agent.runner.load_model(2, 1) == "loaded"
