@@ -63,11 +63,20 @@ def test_awq_directory_is_an_autoawq_gemm_checkpoint(awq_dir):
     assert "lm_head.weight" not in t  # tied to the embedding, which stays float
 
 
+def _projection_bytes(model) -> int:
+    return sum(proj.weight_bytes for layer in model.layers
+               for proj in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj))
+
+
 def test_awq_round_trip_generates_close_to_bf16(awq_dir, awq_model, smollm_bf16):
     llm = LLM(str(awq_dir), preloaded=awq_model)
     layer = llm.core.model.layers[3]
     assert isinstance(layer.qkv_proj, Int4Linear) and isinstance(layer.gate_up_proj, Int4Linear)
-    assert llm.core.memory.weight_bytes < 0.5 * smollm_bf16.model.weight_bytes
+    # The decoder's projections are what int4 shrinks: 4 bits plus a float16 scale and a 4-bit zero
+    # per 32 weights against 16 bits (~0.3x). The whole model also holds the bf16 embedding and, on a
+    # CPU with native bf16, the tied lm head's prepacked copy (models/layers.Linear), in both models.
+    assert _projection_bytes(llm.core.model) < 0.35 * _projection_bytes(smollm_bf16.model)
+    assert llm.core.memory.weight_bytes < 0.6 * smollm_bf16.model.weight_bytes
     # Close in quality, measured: perplexity on held-out text. One greedy answer is no measure: with
     # this reduced search "The capital of France is Paris" held on an AVX-512 BF16 host and turned
     # into another answer on an AVX2 one (bf16 rounding differs by host, the search lands elsewhere),
