@@ -62,12 +62,7 @@ class WorkerState:
             self.on_fatal()
             return
         if self.config.warmup:  # still "loading" meanwhile: /ready says 503 until the shapes are built
-            try:
-                report = await engine.warm_up()
-                log.info("engine warmed up", extra={"seconds": round(report.seconds, 1), "steps": report.steps,
-                                                    "prefill_sizes": report.prefill_sizes})
-            except Exception:  # noqa: BLE001 - a cold engine still serves, only slower at first
-                log.exception("engine warm-up failed; serving without it")
+            await warm_up(engine)
         self.attach(engine)
         log.info("model loaded", extra={"model": self.config.model, "seconds": round(time.monotonic() - started, 1),
                                         "max_model_len": engine.max_model_len,
@@ -79,3 +74,14 @@ class WorkerState:
         if self.engine is None:
             return "loading"
         return "draining" if self.drainer.draining else "ready"
+
+
+async def warm_up(engine: AsyncLLM) -> None:
+    """Build the batch shapes a worker will see (engine/warmup.py) before it serves; a failure only
+    costs the first tenants that speed, so it is logged and the engine serves cold."""
+    try:
+        report = await engine.warm_up()
+        log.info("engine warmed up", extra={"seconds": round(report.seconds, 1), "steps": report.steps,
+                                            "prefill_sizes": report.prefill_sizes})
+    except Exception:  # noqa: BLE001 - a cold engine still serves, only slower at first
+        log.exception("engine warm-up failed; serving without it")

@@ -28,6 +28,7 @@ from dataplane.engine.passing_thread import call_in_passing_thread
 from dataplane.worker.adapter_root import OutsideAdapterRoot, resolve_in_root
 from dataplane.worker.app import WorkerState
 from dataplane.worker.metrics import WorkerMetrics
+from dataplane.worker.state import warm_up
 
 log = logging.getLogger("tessera.worker.agent")
 
@@ -229,13 +230,8 @@ class EngineSlot:
         """Build the batch shapes before the replica reports ready, as a worker that loads its model at
         start-up does (WorkerState.load): the heartbeat says "loading" meanwhile, so the gateway routes
         nothing here and the first tenants do not pay oneDNN's per-shape kernel builds."""
-        if not getattr(getattr(self.state, "config", None), "warmup", False):
-            return
-        try:
-            report = asyncio.run(engine.warm_up())  # a task thread: no event loop of its own
-            log.info("engine warmed up", extra={"seconds": round(report.seconds, 1), "steps": report.steps})
-        except Exception:  # noqa: BLE001 - a cold engine still serves, only slower at first
-            log.exception("engine warm-up failed; serving without it")
+        if getattr(getattr(self.state, "config", None), "warmup", False):
+            asyncio.run(warm_up(engine))  # a task thread: no event loop of its own
 
     @staticmethod
     def _lora_config(spec: dict, args: dict):

@@ -29,7 +29,7 @@ class FakeEngine:
 
     async def warm_up(self):
         self.warmed_up = True
-        return types.SimpleNamespace(seconds=0.0, steps=0)
+        return types.SimpleNamespace(seconds=0.0, steps=0, prefill_sizes=[])
 
     def shutdown(self) -> None:
         self.alive = False
