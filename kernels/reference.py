@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.awq_layout import awq_dequantize
+from kernels.gguf_layout import q4_1_fields, q8_0_fields
 
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
 
@@ -247,3 +248,33 @@ def quantize_fp8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.
     scale = amax / FP8_MAX
     w_fp8 = (weight.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return w_fp8, scale
+
+
+# --- GGUF blocks on the CPU (kernels/gguf_cpu.py; layout in kernels/gguf_layout.py) ------------
+
+
+def quantize_q8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [rows, K] -> (q float32 [rows, K/32, 32] integers in -127..127, d [rows, K/32]): llama.cpp's
+    8-bit activation blocks, d = amax / 127 and q = round-half-even(x / d), in float32."""
+    xb = x.float().reshape(x.shape[0], -1, 32)
+    d = xb.abs().amax(-1) / 127
+    inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+    return torch.round(xb * inv[..., None]), d
+
+
+def gguf_q4_1_linear_ref(x: torch.Tensor, blocks: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """The kernel's arithmetic: 8-bit activation blocks against the Q4_1 integers, per block
+    d_w d_x sum(q_w q_x) + m_w d_x sum(q_x), in float32 (the integer sums exact)."""
+    qx, dx = quantize_q8_rows(x)
+    qw, d, m = q4_1_fields(blocks, in_features)
+    isum = torch.einsum("rbk,obk->rob", qx.double(), qw.double()).float()  # [rows, out, blocks]
+    y = (isum * d[None] * dx[:, None]).sum(-1) + ((dx * qx.sum(-1))[:, None] * m[None]).sum(-1)
+    return y.to(x.dtype)
+
+
+def gguf_q8_0_linear_ref(x: torch.Tensor, blocks: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """The kernel's arithmetic for Q8_0: d_w d_x sum(q_w q_x) per block, in float32."""
+    qx, dx = quantize_q8_rows(x)
+    qw, d = q8_0_fields(blocks, in_features)
+    isum = torch.einsum("rbk,obk->rob", qx.double(), qw.double()).float()
+    return (isum * d[None] * dx[:, None]).sum(-1).to(x.dtype)

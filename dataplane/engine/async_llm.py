@@ -66,7 +66,8 @@ class AsyncLLM:
     @classmethod
     def from_args(cls, model: str, **kwargs: Any) -> AsyncLLM:
         mc = {k: kwargs.pop(k) for k in ("dtype", "weight_dtype", "device", "max_model_len", "seed",
-                                         "tensor_parallel_size", "compile_decode")
+                                         "tensor_parallel_size", "compile_decode", "quantization",
+                                         "int4_dense_above")
               if k in kwargs}
         cc = {k: kwargs.pop(k) for k in ("block_size", "kv_cache_memory", "enable_prefix_caching") if k in kwargs}
         sc = {k: kwargs.pop(k) for k in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "aging_seconds",

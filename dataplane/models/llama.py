@@ -15,8 +15,14 @@ import torch.nn.functional as F
 
 from dataplane.models.config import LlamaArgs
 from dataplane.models.layers import Linear, NeoxRotary, Rotary, rms_norm, silu_and_mul
-from dataplane.runner.attention import AttentionMetadata, paged_attention, paged_attention_kernels, write_kv
-from kernels import dispatch
+from dataplane.runner.attention import (
+    AttentionMetadata,
+    paged_attention,
+    paged_attention_cpu,
+    paged_attention_kernels,
+    write_kv,
+)
+from kernels import cpu_decode, dispatch
 
 if TYPE_CHECKING:
     from dataplane.lora.context import LoRAStepContext
@@ -49,9 +55,18 @@ class LlamaModel:
         rotary = NeoxRotary if use_kernels else Rotary
         self.rotary = rotary(args.head_dim, args.max_position, args.rope_theta, args.rope_scaling_factor,
                              self.device)
-        self._norm = _kernel_rms_norm if use_kernels else rms_norm
+        # On the CPU the C++ decode ops (kernels/cpu_decode.py) replace a dozen small torch ops each
+        # where they build here: decode attention in any dtype, RMSNorm in float32.
+        cpu_ops = not use_kernels and self.device.type == "cpu" and cpu_decode.available()
+        if use_kernels:
+            self._norm = _kernel_rms_norm
+        else:
+            self._norm = _cpu_rms_norm if cpu_ops and self.dtype == torch.float32 else rms_norm
         self._act = dispatch.silu_and_mul if use_kernels else silu_and_mul
-        self._attention = paged_attention_kernels if use_kernels else paged_attention
+        if use_kernels:
+            self._attention = paged_attention_kernels
+        else:
+            self._attention = paged_attention_cpu if cpu_ops else paged_attention
         self.scale = args.head_dim ** -0.5
         self.compiled: CompiledDecode | None = None  # decode-only steps through torch.compile (opt-in)
 
@@ -146,6 +161,12 @@ class LlamaModel:
             lora.apply(i, "down", hidden, down)
             h = h + down
         return h
+
+
+def _cpu_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dim() == 2 and x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return cpu_decode.rms_norm(x, weight, eps)
+    return rms_norm(x, weight, eps)
 
 
 def _kernel_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -42,11 +42,19 @@ def load_model(name: str, dtype: torch.dtype, device: str | torch.device = "cpu"
     spec = resolve_quantization(quantization, read_quantization_config(path), quantize_lm_head=quantize_lm_head,
                                 int4_dense_above=int4_dense_above)
     args, tensors = read_weights(path, progress)
+    blocks = None
+    if spec is not None and spec.method == "gguf":
+        if not path.is_file():
+            raise ValueError(f"quantization: 'gguf' keeps a GGUF file's own blocks; {name!r} is a directory")
+        if torch.device(device).type != "cpu":
+            raise ValueError("quantization: 'gguf' runs on the CPU only (its kernels are CPU kernels)")
+        blocks = read_gguf_blocks(path)
     if path.is_file():
         tokenizer = Tokenizer.from_gguf(path, args.eos_token_ids)
     else:
         tokenizer = Tokenizer.from_directory(path, args.eos_token_ids)
-    model = build_llama(args, tensors, dtype, torch.device(device), quant=spec, weight_dtype=weight_dtype)
+    model = build_llama(args, tensors, dtype, torch.device(device), quant=spec, weight_dtype=weight_dtype,
+                        blocks=blocks)
     log.info("loaded %s: %d layers, %.1f MiB of weights in %s%s%s", path.name, args.num_layers,
              model.weight_bytes / 2**20, dtype, f" ({spec.method})" if spec else "",
              f", projections stored in {weight_dtype}" if weight_dtype else "")
@@ -66,14 +74,15 @@ def read_weights(path: Path, progress: bool = True) -> tuple[LlamaArgs, dict[str
 
 
 def build_llama(args: LlamaArgs, t: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
-                quant: QuantSpec | None = None, weight_dtype: torch.dtype | None = None) -> LlamaModel:
+                quant: QuantSpec | None = None, weight_dtype: torch.dtype | None = None,
+                blocks: dict[str, tuple[str, torch.Tensor]] | None = None) -> LlamaModel:
     """Assemble the model from tensors named in Hugging Face's convention.
 
     On the torch path q/k rows are interleaved for the complex-multiply rotary; where the Triton
     kernels run (CUDA, or TESSERA_KERNELS=triton) they keep HF's rotate_half order for the kernel.
     """
     use_kernels = dispatch.use_triton(device)
-    src = Projections(t, dtype, device, quant, weight_dtype)
+    src = Projections(t, dtype, device, quant, weight_dtype, blocks)
     w = src.dense
 
     def rot(heads: int) -> int | None:
@@ -92,7 +101,10 @@ def build_llama(args: LlamaArgs, t: dict[str, torch.Tensor], dtype: torch.dtype,
             down_proj=src.projection([(p + "mlp.down_proj", None)]),
         ))
     embed = w("model.embed_tokens.weight")
-    lm_head = src.head(embed if args.tie_word_embeddings else w("lm_head.weight"))
+    if args.tie_word_embeddings:
+        lm_head = src.head(embed, "model.embed_tokens.weight")
+    else:
+        lm_head = src.head(w("lm_head.weight"))
     return LlamaModel(args, embed, layers, w("model.norm.weight"), lm_head, use_kernels=use_kernels)
 
 
@@ -178,6 +190,65 @@ def _read_gguf(path: Path, progress: bool) -> tuple[LlamaArgs, dict[str, torch.T
         elif t.name in _GGUF_GLOBAL_NAMES:
             tensors[_GGUF_GLOBAL_NAMES[t.name]] = torch.from_numpy(np.array(array, copy=True))
     return args, tensors
+
+
+# Block formats kept as they are under quantization="gguf" (dataplane/quant/gguf.py).
+GGUF_BLOCK_FORMATS = ("Q4_1", "Q8_0")
+
+
+def read_gguf_blocks(path: Path) -> dict[str, tuple[str, torch.Tensor]]:
+    """HF name -> (format, uint8 [rows, row bytes]) for every tensor of the file in a kept block format,
+    q/k rows in Hugging Face's order like the dequantized tensors; cached beside them."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    cached = cache_dir("weights") / f"{file_key(path)}.blocks.safetensors"
+    if cached.exists():
+        try:
+            with safe_open(str(cached), framework="pt") as f:
+                formats = json.loads(f.metadata()["formats"])
+                return {name: (formats[name], f.get_tensor(name)) for name in f.keys()}
+        except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt from the GGUF
+            log.warning("ignoring unreadable block cache %s", cached)
+    blocks = _read_gguf_blocks(path)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_sibling(cached)
+        save_file({k: v for k, (_, v) in blocks.items()}, str(tmp),
+                  metadata={"formats": json.dumps({k: fmt for k, (fmt, _) in blocks.items()})})
+        os.replace(tmp, cached)
+    except OSError as exc:
+        log.warning("could not cache GGUF blocks: %s", exc)
+    return blocks
+
+
+def _read_gguf_blocks(path: Path) -> dict[str, tuple[str, torch.Tensor]]:
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    heads = {"num_heads": None, "num_kv_heads": None}
+    for key, field in reader.fields.items():
+        if key.endswith(".attention.head_count"):
+            heads["num_heads"] = int(field.contents())
+        elif key.endswith(".attention.head_count_kv"):
+            heads["num_kv_heads"] = int(field.contents())
+    out: dict[str, tuple[str, torch.Tensor]] = {}
+    for t in reader.tensors:
+        fmt = t.tensor_type.name
+        if fmt not in GGUF_BLOCK_FORMATS:
+            continue
+        array = np.asarray(t.data, dtype=np.uint8).reshape(int(t.shape[1]), -1)  # [rows, row bytes]
+        if t.name.startswith("blk."):
+            _, idx, rest = t.name.split(".", 2)
+            if rest not in _GGUF_LAYER_NAMES:
+                continue
+            if rest in ("attn_q.weight", "attn_k.weight"):  # whole rows move, as for the dense tensors
+                n = heads["num_heads"] if rest == "attn_q.weight" else heads["num_kv_heads"] or heads["num_heads"]
+                array = _unpermute(array, int(n))
+            out[f"model.layers.{idx}.{_GGUF_LAYER_NAMES[rest]}"] = (fmt, torch.from_numpy(np.array(array, copy=True)))
+        elif t.name in _GGUF_GLOBAL_NAMES:
+            out[_GGUF_GLOBAL_NAMES[t.name]] = (fmt, torch.from_numpy(np.array(array, copy=True)))
+    return out
 
 
 def _read_hf_dir(path: Path, progress: bool) -> tuple[LlamaArgs, dict[str, torch.Tensor]]:

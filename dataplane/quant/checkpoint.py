@@ -10,6 +10,9 @@
   refused: AWQ needs the calibrated scale search of the quantize CLI.
 - ``"int4"`` / ``"int8"``: round-to-nearest at load from a dense checkpoint, for quick
   comparisons (int4: AWQ's asymmetric grid, group 64; int8: symmetric per channel).
+- ``"gguf"``: a GGUF file's projections (and its output head) kept in the file's own Q4_1 / Q8_0
+  blocks, run by the CPU kernels of kernels/gguf_cpu.py (dataplane/quant/gguf.py); the weights are
+  exactly the file's, nothing is re-quantized. CPU only; other block types load dense.
 
 Fused projections: q, k, v (and gate, up) are quantized per output column or per output
 channel, so the fused layer is the concatenation of the parts along the output dimension, exact
@@ -34,13 +37,15 @@ import torch
 from dataplane.models.layers import Linear, interleave_rotary_rows
 from dataplane.quant.base import LinearLayer
 from dataplane.quant.fp8 import Fp8Linear
+from dataplane.quant.gguf import GgufLinear
 from dataplane.quant.int4 import Int4Linear
 from dataplane.quant.int8 import Int8Linear
+from kernels import gguf_cpu
 from kernels.awq_layout import awq_pack, awq_unpack
 
 log = logging.getLogger(__name__)
 
-METHODS = ("awq", "fp8", "int4", "int8")
+METHODS = ("awq", "fp8", "int4", "int8", "gguf")
 CHECKPOINT_METHODS = ("awq", "fp8")  # methods a checkpoint directory can hold
 DEFAULT_INT4_GROUP = 64  # divides SmolLM2's 576 and 1536 (128 does not divide 576)
 
@@ -51,7 +56,7 @@ Part = tuple[str, int | None]
 
 @dataclass(frozen=True, slots=True)
 class QuantSpec:
-    method: str  # awq | fp8 | int4 | int8
+    method: str  # awq | fp8 | int4 | int8 | gguf
     from_checkpoint: bool  # True: read quantized tensors; False: quantize dense weights at load
     group_size: int | None = None  # int4 / awq
     quantize_lm_head: bool = False
@@ -83,6 +88,8 @@ def resolve_quantization(requested: str | None, checkpoint: dict | None, *, quan
     if requested == "awq":
         raise ValueError("quantization: 'awq' needs a calibrated AWQ checkpoint (python -m dataplane.quantize "
                          "--method awq ...); use 'int4' for round-to-nearest 4-bit at load")
+    if requested == "gguf":  # the file's own blocks: read, not quantized
+        return QuantSpec("gguf", True, None, quantize_lm_head, int4_dense_above)
     group = DEFAULT_INT4_GROUP if requested == "int4" else None
     return QuantSpec(requested, False, group, quantize_lm_head, int4_dense_above)
 
@@ -113,9 +120,13 @@ class Projections:
     """Builds each projection of the decoder from HF-named tensors: dense, quantized, or quantized at load."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
-                 spec: QuantSpec | None = None, weight_dtype: torch.dtype | None = None) -> None:
+                 spec: QuantSpec | None = None, weight_dtype: torch.dtype | None = None,
+                 blocks: dict[str, tuple[str, torch.Tensor]] | None = None) -> None:
         self.t, self.dtype, self.device, self.spec = tensors, dtype, device, spec
         self.weight_dtype = weight_dtype  # dense projections' storage when not `dtype` (models.layers.Linear)
+        # "gguf": HF name -> (block format, uint8 [rows, row bytes]) as the file holds them
+        # (loader.read_gguf_blocks); without the compiled kernels those projections load dense.
+        self.blocks = (blocks or {}) if spec is not None and spec.method == "gguf" and gguf_cpu.available() else {}
 
     # -- dense tensors -----------------------------------------------------------------------
     def dense(self, name: str) -> torch.Tensor:
@@ -140,6 +151,10 @@ class Projections:
     # -- projections -------------------------------------------------------------------------
     def projection(self, parts: list[Part]) -> LinearLayer | Linear:
         spec = self.spec
+        if self.blocks and all(p + ".weight" in self.blocks for p, _ in parts) \
+                and len({self.blocks[p + ".weight"][0] for p, _ in parts}) == 1:
+            return self._gguf([(self.blocks[p + ".weight"][1], h) for p, h in parts],
+                              self.blocks[parts[0][0] + ".weight"][0], self.t[parts[0][0] + ".weight"].shape[1])
         if spec is not None and spec.from_checkpoint:
             if spec.method == "awq" and all(p + ".qweight" in self.t for p, _ in parts):
                 return self._awq(parts)
@@ -151,13 +166,17 @@ class Projections:
         weight = torch.cat([self._dense_part(p, h) for p, h in parts])
         return self._linear(weight) if spec is None else self._quantize(weight)
 
-    def head(self, weight: torch.Tensor) -> LinearLayer | Linear:
-        """The output projection: dense unless asked to quantize it."""
+    def head(self, weight: torch.Tensor, name: str = "lm_head.weight") -> LinearLayer | Linear:
+        """The output projection (`name`: the tensor it is, the embedding when tied): dense unless asked
+        to quantize it, or as the GGUF file holds it under "gguf"."""
+        if name in self.blocks:
+            fmt, blocks = self.blocks[name]
+            return self._gguf([(blocks, None)], fmt, weight.shape[1])
         if self.spec is None or not self.spec.quantize_lm_head:
             return self._linear(weight)
         # 4-bit methods get an int8 head: round-to-nearest int4 on the head cost +8% perplexity on
         # SmolLM2 (benchmarks/results/quant.md), int8 per channel next to nothing, for half the bytes.
-        method = "int8" if self.spec.method in ("awq", "int4") else self.spec.method
+        method = "int8" if self.spec.method in ("awq", "int4", "gguf") else self.spec.method
         return self._quantize(weight, method)
 
     def _linear(self, weight: torch.Tensor) -> Linear:
@@ -189,6 +208,13 @@ class Projections:
         dev = self.device
         return Int4Linear.from_awq(qweight.to(dev), qzeros.to(dev), scales.to(dev), self.spec.group_size,
                                    dtype=self.dtype, dense_above=self.spec.int4_dense_above)
+
+    def _gguf(self, parts: list[tuple[torch.Tensor, int | None]], fmt: str, in_features: int) -> GgufLinear:
+        assert self.spec is not None
+        # Block rows are whole output rows, so q/k's rotary interleave permutes them like dense rows.
+        rows = [interleave_rotary_rows(b, heads) if heads else b for b, heads in parts]
+        return GgufLinear.from_gguf(torch.cat(rows).contiguous(), fmt, in_features, dtype=self.dtype,
+                                    dense_above=self.spec.int4_dense_above)
 
     def _fp8(self, parts: list[Part]) -> Fp8Linear:
         weights, scales = [], []

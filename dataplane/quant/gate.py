@@ -7,7 +7,7 @@ Two measures against the unquantized baseline, both through the engine's forward
 dtype (so the only difference is the quantization): perplexity on held-out text
 (dataplane/quant/data/eval.txt, never used for calibration) and teacher-forced greedy agreement
 on a few prompts (dataplane/quant/eval.py). The variant is refused when perplexity rises by
-more than the method's threshold (defaults: +1% FP8 and int8, +5% int4 / AWQ) or when agreement
+more than the method's threshold (defaults: +1% FP8, int8 and GGUF blocks, +5% int4 / AWQ) or when agreement
 falls below its floor. The deployment flow calls ``quality_gate(candidate_path, baseline,
 method)`` and serves the variant only if ``report.passed``; ``report.reason`` says why not.
 """
@@ -47,6 +47,8 @@ DEFAULT_THRESHOLDS = {
     "int8": GateThresholds(0.01, 0.90),
     "awq": GateThresholds(0.05, 0.80),
     "int4": GateThresholds(0.05, 0.80),
+    # The file's own weights: the only error is the kernels' 8-bit activation blocks, so int8's bar.
+    "gguf": GateThresholds(0.01, 0.90),
 }
 
 
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="the quantized candidate (directory, or a name with --quantization)")
     parser.add_argument("--baseline", required=True, help="the unquantized model it replaces")
     parser.add_argument("--method", choices=METHODS, help="default: the candidate's quantization_config")
-    parser.add_argument("--quantization", choices=METHODS, help="quantize the candidate at load (int4, int8, fp8)")
+    parser.add_argument("--quantization", choices=METHODS, help="quantize the candidate at load (int4, int8, fp8), or keep a GGUF's blocks (gguf)")
     parser.add_argument("--max-ppl-increase", type=float, help="relative, e.g. 0.05 for +5%%")
     parser.add_argument("--min-agreement", type=float, help="fraction, e.g. 0.8")
     parser.add_argument("--dtype", default="bfloat16")

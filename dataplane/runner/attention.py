@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from kernels import dispatch
+from kernels import cpu_decode, dispatch
 
 # A decode group is cut when the next context is this much longer than the group's shortest:
 # gathered K/V rows are padded to the group's longest, so this bounds the wasted gather traffic.
@@ -32,7 +32,7 @@ class DecodeGroup:
     end: int  # one past the last query row
     block_tables: torch.Tensor  # [n, max_blocks] long (int32 for the kernels), padded with block 0
     mask: torch.Tensor | None  # [n, 1, 1, max_blocks * block_size] bool, True where the key is real (torch path)
-    context_lens: torch.Tensor | None = None  # [n] int32 keys per query (kernel path)
+    context_lens: torch.Tensor | None = None  # [n] int32 keys per query
     # Torch path: the gathered K and V, allocated by the first layer of the step and refilled by
     # the others. A fresh multi-MB tensor per layer costs page faults that took longer than the copy.
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -99,9 +99,9 @@ def build_decode_groups(
         table = torch.zeros((j - i, max_blocks), dtype=torch.long)
         for r in range(i, j):
             table[r - i, : len(block_tables[r])] = torch.tensor(block_tables[r], dtype=torch.long)
-        lens = torch.tensor(context_lens[i:j], dtype=torch.long)
+        lens = torch.tensor(context_lens[i:j], dtype=torch.int32)
         mask = torch.arange(max_blocks * block_size)[None, :] < lens[:, None]
-        groups.append(DecodeGroup(i, j, table.to(device), mask[:, None, None, :].to(device)))
+        groups.append(DecodeGroup(i, j, table.to(device), mask[:, None, None, :].to(device), lens.to(device)))
         i = j
     return groups
 
@@ -197,6 +197,34 @@ def paged_attention(
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     for g in meta.decode_groups:
         out[g.start : g.end] = _decode_attention(q[g.start : g.end], key_cache, value_cache, g, scale)
+    _prefill_attention(q, k, v, key_cache, value_cache, meta, scale, out)
+    return out.view(num_tokens, num_heads * head_dim)
+
+
+def paged_attention_cpu(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """paged_attention with the decodes in one C++ call per group (kernels/cpu_decode.py): it reads
+    keys and values through the block table where they lie, no gather, mask or block-diagonal query
+    (about 20 torch ops a layer at batch 1). Prefill chunks as paged_attention runs them."""
+    num_tokens, num_heads, head_dim = q.shape
+    out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    for g in meta.decode_groups:
+        out[g.start : g.end] = cpu_decode.paged_decode_attention(
+            q[g.start : g.end], key_cache, value_cache, g.block_tables, g.context_lens, scale)
+    _prefill_attention(q, k, v, key_cache, value_cache, meta, scale, out)
+    return out.view(num_tokens, num_heads * head_dim)
+
+
+def _prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
+                       value_cache: torch.Tensor, meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+    """Each prefill chunk against its cached prefix and itself, into its rows of out [T, H, D]."""
     for p in meta.prefills:
         qp = q[p.start : p.end].transpose(0, 1).unsqueeze(0)  # [1, H, Q, D]
         if p.prefix_len == 0:
@@ -210,7 +238,6 @@ def paged_attention(
             vp = _gather(value_cache, p.block_ids[None]).transpose(1, 2)[:, :, :ctx]
             o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, scale=scale, enable_gqa=True)
         out[p.start : p.end] = o.squeeze(0).transpose(0, 1)
-    return out.view(num_tokens, num_heads * head_dim)
 
 
 def _prefill_batch(prefills: list[PrefillChunk], device: torch.device) -> PrefillBatch:
@@ -243,7 +270,7 @@ def paged_attention_kernels(
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     for g in meta.decode_groups:
         lens = g.context_lens
-        if lens is None:  # groups built for the torch path
+        if lens is None:  # groups made by hand without lengths
             lens = g.mask.reshape(g.end - g.start, -1).sum(-1, dtype=torch.int32)
         out[g.start : g.end] = dispatch.paged_decode_attention(
             q[g.start : g.end], key_cache, value_cache, g.block_tables.to(torch.int32), lens, scale)

@@ -46,6 +46,11 @@ class WorkerConfig:
     # around the projections; compiles on the first decode step (minutes cold, seconds from Inductor's
     # cache), so off unless asked: on an AVX-512 BF16 EPYC it gained 1.05x at batch 1 (benchmarks.decode_latency)
     compile_decode: bool = False
+    # weights: as the checkpoint is (empty), or awq / fp8 / int4 / int8 / gguf (dataplane/quant/checkpoint.py).
+    # gguf keeps a GGUF file's Q4_1 / Q8_0 blocks for the C++ CPU kernels: the batch-1 decode path
+    # (benchmarks.decode_latency); quantized layers switch to a dense copy above int4_dense_above rows (0: none kept)
+    quantization: str | None = None
+    int4_dense_above: int = 0
     # torch intra-op threads (default: torch's own choice). On a CPU shared with a gateway or other
     # processes, fewer threads than cores avoids every parallel region waiting for a descheduled one.
     threads: int | None = None
@@ -122,6 +127,14 @@ class WorkerConfig:
             raise ValueError(f"tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads: must be >= 1, got {self.threads}")
+        from dataplane.quant.checkpoint import METHODS
+
+        if self.quantization in ("", "none"):
+            self.quantization = None
+        if self.quantization is not None and self.quantization not in METHODS:
+            raise ValueError(f"quantization: {self.quantization!r} is not supported; use one of {', '.join(METHODS)}")
+        if self.int4_dense_above < 0:
+            raise ValueError(f"int4_dense_above: must be >= 0, got {self.int4_dense_above}")
         if self.itl_guard_step_tokens is not None and self.itl_guard_step_tokens < 1:
             raise ValueError(f"itl_guard_step_tokens: must be >= 1, got {self.itl_guard_step_tokens}")
         if self.itl_guard_step_ms is not None and not self.itl_guard_step_ms > 0:
@@ -173,6 +186,8 @@ class WorkerConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens, "max_waiting": self.max_waiting,
             "enable_prefix_caching": self.enable_prefix_caching, "seed": self.seed, "progress": False,
             "tensor_parallel_size": self.tensor_parallel_size, "compile_decode": self.compile_decode,
+            **({"quantization": self.quantization} if self.quantization else {}),
+            "int4_dense_above": self.int4_dense_above,
             "itl_guard_priority": self.itl_guard_priority, "itl_guard_tokens": self.itl_guard_tokens,
             "itl_guard_seqs": self.itl_guard_seqs, "itl_guard_step_tokens": self.itl_guard_step_tokens,
             "itl_guard_step_ms": self.itl_guard_step_ms, "background_priority": self.background_priority,
@@ -227,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
              "itl_guard_step_tokens": _optional_int, "itl_guard_step_ms": _optional_float,
              "background_priority": _optional_int, "background_step_ms": _optional_float,
              "speculative_ngram_tokens": int, "speculative_max_running": int,
-             "threads": _optional_int, "tensor_parallel_size": int, "usage_memory_entries": int, "usage_memory_seconds": float,
+             "threads": _optional_int, "tensor_parallel_size": int, "int4_dense_above": int, "usage_memory_entries": int, "usage_memory_seconds": float,
              "grammar_compile_timeout": float, "max_embedding_inputs": int}
     for f in fields(WorkerConfig):
         flag = "--" + f.name.replace("_", "-")

@@ -14,7 +14,7 @@ from dataplane import LLM, SamplingParams
 from dataplane.models.layers import NeoxRotary, Rotary, interleave_rotary_rows
 from dataplane.models.loader import load_model
 from dataplane.quant.eval import prefill_logits
-from dataplane.runner.attention import paged_attention, paged_attention_kernels
+from dataplane.runner.attention import paged_attention, paged_attention_cpu, paged_attention_kernels
 from tests.dataplane.quant.tiny import loaded, tiny_args, tiny_tensors, write_awq_checkpoint
 
 PROMPTS = [[5, 9, 14, 3, 22, 8, 40, 41, 2, 17, 33], [5, 9, 14, 3, 22, 8, 40, 41, 60], [70, 71]]
@@ -53,7 +53,9 @@ def test_layouts_differ_and_the_model_records_its_path(monkeypatch):
     cpu, kern = _both(monkeypatch, lambda: loaded(args, tensors))
     assert not cpu.model.use_kernels and kern.model.use_kernels
     assert isinstance(cpu.model.rotary, Rotary) and isinstance(kern.model.rotary, NeoxRotary)
-    assert cpu.model._attention is paged_attention and kern.model._attention is paged_attention_kernels
+    # The CPU path runs its decodes through the C++ op where it builds (kernels/cpu_decode.py).
+    assert cpu.model._attention in (paged_attention, paged_attention_cpu)
+    assert kern.model._attention is paged_attention_kernels
     q_rows = args.num_heads * args.head_dim
     w_cpu, w_kern = cpu.model.layers[0].qkv_proj.weight, kern.model.layers[0].qkv_proj.weight
     assert not torch.equal(w_cpu[:q_rows], w_kern[:q_rows])

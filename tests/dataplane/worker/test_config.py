@@ -62,3 +62,14 @@ def test_grammar_compile_deadline_reaches_the_engine():
     assert off.engine_kwargs()["grammar_compile_timeout"] is None  # 0: compiled in-process, no deadline
     with pytest.raises(ValueError, match="grammar_compile_timeout"):
         load_config(["--model", "x", "--grammar-compile-timeout", "-1"], {})
+
+
+def test_quantization_reaches_the_engine_and_is_checked_at_start():
+    c = load_config(["--model", "x", "--quantization", "gguf", "--int4-dense-above", "8"], {})
+    assert (c.engine_kwargs()["quantization"], c.engine_kwargs()["int4_dense_above"]) == ("gguf", 8)
+    assert "quantization" not in load_config(["--model", "x"], {}).engine_kwargs()  # the checkpoint's own
+    assert load_config(["--model", "x"], {"TESSERA_WORKER_QUANTIZATION": "gguf"}).quantization == "gguf"
+    with pytest.raises(ValueError, match="^quantization: 'q3' is not supported"):
+        load_config(["--model", "x", "--quantization", "q3"], {})
+    with pytest.raises(ValueError, match="int4_dense_above"):
+        load_config(["--model", "x", "--int4-dense-above", "-1"], {})

@@ -1,0 +1,10 @@
+#include "ops.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("q4_1_linear", &q4_1_linear, "y = x W^T, W as Q4_1 rows in kernels/gguf_layout.py's layout (uint8)");
+  m.def("q8_0_linear", &q8_0_linear, "y = x W^T, W as Q8_0 rows in kernels/gguf_layout.py's layout (uint8)");
+  m.def("vectorized", &vectorized, "whether the AVX2 paths were compiled in");
+  m.def("paged_decode_attention", &paged_decode_attention_cpu,
+        "one query per sequence over the paged KV cache (paged_decode_attention_ref's signature)");
+  m.def("rms_norm", &rms_norm_cpu, "float32 RMSNorm of rows x [rows, n] with weight [n]");
+}

@@ -1,0 +1,17 @@
+// The CPU kernels' entry points, bound to Python in bindings.cpp (loaded by kernels/cpu_ext.py).
+#pragma once
+
+#include <torch/extension.h>
+
+// gguf_matmul.cpp: y = x W^T, W as Q4_1 / Q8_0 rows in kernels/gguf_layout.py's layout.
+torch::Tensor q4_1_linear(const torch::Tensor& x, const torch::Tensor& blocks, int64_t out_features,
+                          int64_t in_features);
+torch::Tensor q8_0_linear(const torch::Tensor& x, const torch::Tensor& blocks, int64_t out_features,
+                          int64_t in_features);
+bool vectorized();
+
+// decode_ops.cpp: one decode query per sequence over the paged cache; float32 RMSNorm.
+torch::Tensor paged_decode_attention_cpu(const torch::Tensor& q, const torch::Tensor& key_cache,
+                                         const torch::Tensor& value_cache, const torch::Tensor& block_tables,
+                                         const torch::Tensor& context_lens, double scale);
+torch::Tensor rms_norm_cpu(const torch::Tensor& x, const torch::Tensor& weight, double eps);
