@@ -1,5 +1,6 @@
-"""Launchers of the C++ decode ops (kernels/cpu/decode_ops.cpp): paged decode attention and float32
-RMSNorm on the CPU. Twins: `reference.paged_decode_attention_ref` and `F.rms_norm`.
+"""Launchers of the C++ decode ops (kernels/cpu/decode_ops.cpp) on the CPU: paged decode attention,
+rotary + KV-cache write, and float32 RMSNorm. Twins: `reference.paged_decode_attention_ref`,
+`Rotary.rotate` + `write_kv`, and `F.rms_norm`.
 
 `available()` is False where the extension cannot be built (kernels/cpu_ext.py); the engine then
 keeps its torch path. `TESSERA_CPU_KERNELS=0` turns them off.
@@ -34,3 +35,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if mod is None:
         raise RuntimeError("cpu kernels: not available on this machine (see the log)")
     return mod.rms_norm(x, weight, float(eps))
+
+
+def rope_write_kv(qkv: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Tensor, key_cache: torch.Tensor,
+                  value_cache: torch.Tensor, slots: torch.Tensor, heads: int, kv_heads: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """models.layers.Rotary.rotate then runner.attention.write_kv in one call: q [T, H, D] and k [T, Hkv, D]
+    rotated (adjacent pairs, angles cos_sin [max_pos, D/2, 2] float32) from qkv [T, (H + 2 Hkv) D], and
+    k and v stored at `slots` of the caches (float32 or bf16, qkv's dtype)."""
+    mod = extension()
+    if mod is None:
+        raise RuntimeError("cpu kernels: not available on this machine (see the log)")
+    q, k = mod.rope_write_kv(qkv, cos_sin, positions, key_cache, value_cache, slots, heads, kv_heads)
+    return q, k

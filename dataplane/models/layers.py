@@ -151,6 +151,7 @@ class Rotary:
         t = torch.arange(max_position, dtype=torch.float32) / scaling
         freqs = torch.outer(t, inv_freq)  # [max_pos, D/2]
         self.cis = torch.polar(torch.ones_like(freqs), freqs).to(device)  # complex64
+        self.cos_sin = torch.view_as_real(self.cis).contiguous()  # [max_pos, D/2, 2] float32, for the C++ op
 
     def tables(self, positions: torch.Tensor) -> torch.Tensor:
         """Rotations for this step's positions, broadcasting over heads: [T, 1, D/2] complex."""

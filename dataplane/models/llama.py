@@ -67,6 +67,8 @@ class LlamaModel:
             self._attention = paged_attention_kernels
         else:
             self._attention = paged_attention_cpu if cpu_ops else paged_attention
+        # ... and rotary + the KV write as one op, where the cache shares the activations' dtype
+        self._rope_kv = cpu_ops and self.dtype in (torch.float32, torch.bfloat16)
         self.scale = args.head_dim ** -0.5
         self.compiled: CompiledDecode | None = None  # decode-only steps through torch.compile (opt-in)
 
@@ -133,16 +135,21 @@ class LlamaModel:
         q_size, kv_size, heads, kv_heads, d = a.q_size, a.kv_size, a.num_heads, a.num_kv_heads, a.head_dim
         n = input_ids.shape[0]
         norm, act, attention = self._norm, self._act, self._attention
-        rope = self.rotary.prepare(positions)
         h = F.embedding(input_ids, self.embed)
+        fused = self._rope_kv and bool(kv_caches) and kv_caches[0][0].dtype == h.dtype
+        rope = None if fused else self.rotary.prepare(positions)
         for i, (layer, (key_cache, value_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x = norm(h, layer.input_norm, eps)
             qkv = layer.qkv_proj(x)
             if lora is not None:
                 lora.apply(i, "qkv", x, qkv)
-            q, k = self.rotary.rotate(qkv, rope, heads, kv_heads)
             v = qkv[:, q_size + kv_size :].view(n, kv_heads, d)
-            write_kv(key_cache, value_cache, k, v, meta.slot_mapping)
+            if fused:
+                q, k = cpu_decode.rope_write_kv(qkv.contiguous(), self.rotary.cos_sin, positions, key_cache,
+                                                value_cache, meta.slot_mapping, heads, kv_heads)
+            else:
+                q, k = self.rotary.rotate(qkv, rope, heads, kv_heads)
+                write_kv(key_cache, value_cache, k, v, meta.slot_mapping)
             attn = attention(q, k, v, key_cache, value_cache, meta, self.scale)
             if lora is None:
                 h = h + layer.o_proj(attn)

@@ -214,6 +214,10 @@ def paged_attention_cpu(
     keys and values through the block table where they lie, no gather, mask or block-diagonal query
     (about 20 torch ops a layer at batch 1). Prefill chunks as paged_attention runs them."""
     num_tokens, num_heads, head_dim = q.shape
+    if not meta.prefills and len(meta.decode_groups) == 1:  # a decode-only step of similar lengths: no copy
+        g = meta.decode_groups[0]
+        return cpu_decode.paged_decode_attention(q, key_cache, value_cache, g.block_tables, g.context_lens,
+                                                 scale).view(num_tokens, num_heads * head_dim)
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     for g in meta.decode_groups:
         out[g.start : g.end] = cpu_decode.paged_decode_attention(

@@ -6,5 +6,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("vectorized", &vectorized, "whether the AVX2 paths were compiled in");
   m.def("paged_decode_attention", &paged_decode_attention_cpu,
         "one query per sequence over the paged KV cache (paged_decode_attention_ref's signature)");
+  m.def("rope_write_kv", &rope_write_kv_cpu,
+        "q, k rotated from a fused qkv [T, (H + 2 Hkv) D]; k and v written to the caches at their slots");
   m.def("rms_norm", &rms_norm_cpu, "float32 RMSNorm of rows x [rows, n] with weight [n]");
 }

@@ -4,8 +4,9 @@
 // (dispatch, allocation, an OpenMP region), more time than its weights take to stream once they
 // are 4-bit. Attention over the paged cache was the largest share (block gather, a block-diagonal
 // query, two batched matmuls, mask, softmax, stack: ~20 ops a layer), then RMSNorm (F.rms_norm
-// took 21-29 us for one 576-wide row on an AVX2 EPYC). Twins: kernels/reference.py's
-// paged_decode_attention_ref (the Triton kernel's signature) and F.rms_norm.
+// took 21-29 us for one 576-wide row on an AVX2 EPYC), then rotary + the KV write (~34 us). Twins:
+// kernels/reference.py's paged_decode_attention_ref (the Triton kernel's signature), Rotary.rotate +
+// write_kv (dataplane), and F.rms_norm.
 
 #include "ops.h"
 
@@ -74,14 +75,64 @@ inline void axpy(float p, const T* v, float* out, int64_t d) {
   for (; i < d; ++i) out[i] += p * to_float(v[i]);
 }
 
+#ifdef TESSERA_AVX2
+// e^x for 8 floats (Cephes' expf as avx_mathfun spells it: 2^n times a degree-5 polynomial on the
+// remainder), relative error ~1e-7; the softmax's exponentials were a third of the op in std::exp.
+inline __m256 exp256(__m256 x) {
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+  x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
+  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  const __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+#endif
+
+// p[i] = e^(p[i] - max) over n values; returns their sum.
+inline float exp_shifted(float* p, int64_t n, float max) {
+  int64_t i = 0;
+  float sum = 0.f;
+#ifdef TESSERA_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  const __m256 mv = _mm256_set1_ps(max);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(p + i), mv));
+    _mm256_storeu_ps(p + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  sum = _mm_cvtss_f32(lo);
+#endif
+  for (; i < n; ++i) {
+    p[i] = std::exp(p[i] - max);
+    sum += p[i];
+  }
+  return sum;
+}
+
 template <typename T>
 void decode_attention(const float* q, const T* kc, const T* vc, const int64_t* tables, int64_t table_width,
                       const int64_t* lens, float* out, int64_t seqs, int64_t heads, int64_t kv_heads, int64_t d,
                       int64_t block_size, int64_t num_blocks, float scale) {
   const int64_t group = heads / kv_heads;
   const int64_t row = kv_heads * d;  // one token's keys in the cache, all KV heads
-  // One task per (sequence, KV head): its `group` query heads share every key and value read.
-  const int64_t grain = std::max<int64_t>(1, 8 / std::max<int64_t>(group, 1));
+  // One task per (sequence, KV head): its `group` query heads share every key and value read. A
+  // task is ~context x group x d multiply-adds; fewer than ~64k per thread do not pay for waking
+  // one (a batch-1 step's 3 tasks at 180 keys ran 2x slower split over two threads).
+  int64_t total = 0;
+  for (int64_t s = 0; s < seqs; ++s) total += lens[s];
+  const int64_t per_task = std::max<int64_t>(1, total / std::max<int64_t>(seqs, 1) * group * d);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / per_task);
   at::parallel_for(0, seqs * kv_heads, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, acc(static_cast<size_t>(group * d));
     for (int64_t task = begin; task < end; ++task) {
@@ -107,13 +158,7 @@ void decode_attention(const float* q, const T* kc, const T* vc, const int64_t* t
         }
       }
       for (int64_t g = 0; g < group; ++g) {
-        float sum = 0.f;
-        for (int64_t t = 0; t < n; ++t) {
-          const float e = std::exp(scores[g * n + t] - maxes[g]);
-          scores[g * n + t] = e;
-          sum += e;
-        }
-        const float inv = 1.f / sum;
+        const float inv = 1.f / exp_shifted(scores.data() + g * n, n, maxes[g]);
         for (int64_t t = 0; t < n; ++t) scores[g * n + t] *= inv;
       }
       for (int64_t t = 0; t < n; ++t) {
@@ -187,4 +232,74 @@ torch::Tensor rms_norm_cpu(const torch::Tensor& x, const torch::Tensor& weight, 
     }
   });
   return y;
+}
+
+// The rotary embedding of q and k from a fused qkv output, written with v to the paged cache.
+// Rotary over adjacent pairs (the loader interleaves q/k rows for it, models/layers.Rotary):
+// (a, b) at pair i of a head -> (a cos - b sin, a sin + b cos), angle table cos_sin [max_pos, D/2, 2]
+// (Rotary.cis as real pairs), in float32 and rounded once to the output dtype, as Rotary.apply.
+// Replaces Rotary.rotate and write_kv: seven torch ops and two index_copy_ per layer.
+template <typename T>
+void rope_kv(const T* qkv, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t d, const float* cos_sin,
+             const int64_t* positions, const int64_t* slots, T* q_out, T* k_out, T* key_cache, T* value_cache) {
+  const int64_t width = (heads + 2 * kv_heads) * d, half = d / 2;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T* row = qkv + t * width;
+    const float* cs = cos_sin + positions[t] * half * 2;
+    const int64_t slot = slots[t];  // checked by the caller, before anything is written
+    for (int64_t h = 0; h < heads + kv_heads; ++h) {
+      const T* x = row + h * d;
+      T* dst = h < heads ? q_out + (t * heads + h) * d : k_out + (t * kv_heads + h - heads) * d;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = static_cast<float>(x[2 * i]), b = static_cast<float>(x[2 * i + 1]);
+        const float c = cs[2 * i], s = cs[2 * i + 1];
+        dst[2 * i] = static_cast<T>(a * c - b * s);
+        dst[2 * i + 1] = static_cast<T>(a * s + b * c);
+      }
+      if (h >= heads) std::copy(dst, dst + d, key_cache + (slot * kv_heads + h - heads) * d);
+    }
+    std::copy(row + (heads + kv_heads) * d, row + width, value_cache + slot * kv_heads * d);
+  }
+}
+
+std::vector<torch::Tensor> rope_write_kv_cpu(const torch::Tensor& qkv, const torch::Tensor& cos_sin,
+                                             const torch::Tensor& positions, torch::Tensor key_cache,
+                                             torch::Tensor value_cache, const torch::Tensor& slots, int64_t heads,
+                                             int64_t kv_heads) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous(), "rope_write_kv: qkv must be a contiguous [tokens, width]");
+  TORCH_CHECK(heads > 0 && kv_heads > 0 && qkv.size(1) % (heads + 2 * kv_heads) == 0,
+              "rope_write_kv: qkv width does not split into the head counts");
+  const int64_t tokens = qkv.size(0), d = qkv.size(1) / (heads + 2 * kv_heads);
+  TORCH_CHECK(d % 2 == 0, "rope_write_kv: head_dim must be even");
+  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous() && key_cache.sizes() == value_cache.sizes() &&
+                  key_cache.dim() == 4 && key_cache.size(2) == kv_heads && key_cache.size(3) == d,
+              "rope_write_kv: caches must be contiguous [blocks, block_size, kv_heads, head_dim]");
+  TORCH_CHECK(key_cache.scalar_type() == qkv.scalar_type() && value_cache.scalar_type() == qkv.scalar_type(),
+              "rope_write_kv: caches and qkv must share a dtype");
+  TORCH_CHECK(cos_sin.scalar_type() == torch::kFloat32 && cos_sin.is_contiguous() && cos_sin.dim() == 3 &&
+                  cos_sin.size(1) == d / 2 && cos_sin.size(2) == 2,
+              "rope_write_kv: cos_sin must be a contiguous float32 [max_pos, head_dim / 2, 2]");
+  TORCH_CHECK(positions.numel() == tokens && slots.numel() == tokens, "rope_write_kv: one position and slot per token");
+  const auto pos = positions.to(torch::kInt64).contiguous();
+  const auto sl = slots.to(torch::kInt64).contiguous();
+  const int64_t* pp = pos.data_ptr<int64_t>();
+  const int64_t* sp = sl.data_ptr<int64_t>();
+  const int64_t cache_slots = key_cache.size(0) * key_cache.size(1);
+  for (int64_t t = 0; t < tokens; ++t) {
+    TORCH_CHECK(pp[t] >= 0 && pp[t] < cos_sin.size(0), "rope_write_kv: position ", pp[t], " beyond the table");
+    TORCH_CHECK(sp[t] >= 0 && sp[t] < cache_slots, "rope_write_kv: slot ", sp[t], " out of range");
+  }
+  auto q = torch::empty({tokens, heads, d}, qkv.options());
+  auto k = torch::empty({tokens, kv_heads, d}, qkv.options());
+  if (qkv.scalar_type() == torch::kFloat32) {
+    rope_kv<float>(qkv.data_ptr<float>(), tokens, heads, kv_heads, d, cos_sin.data_ptr<float>(), pp,
+                   sl.data_ptr<int64_t>(), q.data_ptr<float>(), k.data_ptr<float>(), key_cache.data_ptr<float>(),
+                   value_cache.data_ptr<float>());
+  } else {
+    TORCH_CHECK(qkv.scalar_type() == torch::kBFloat16, "rope_write_kv: float32 or bfloat16");
+    rope_kv<c10::BFloat16>(qkv.data_ptr<c10::BFloat16>(), tokens, heads, kv_heads, d, cos_sin.data_ptr<float>(), pp,
+                           sl.data_ptr<int64_t>(), q.data_ptr<c10::BFloat16>(), k.data_ptr<c10::BFloat16>(),
+                           key_cache.data_ptr<c10::BFloat16>(), value_cache.data_ptr<c10::BFloat16>());
+  }
+  return {q, k};
 }

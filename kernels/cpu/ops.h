@@ -10,8 +10,12 @@ torch::Tensor q8_0_linear(const torch::Tensor& x, const torch::Tensor& blocks, i
                           int64_t in_features);
 bool vectorized();
 
-// decode_ops.cpp: one decode query per sequence over the paged cache; float32 RMSNorm.
+// decode_ops.cpp: one decode query per sequence over the paged cache; rotary + KV write; float32 RMSNorm.
 torch::Tensor paged_decode_attention_cpu(const torch::Tensor& q, const torch::Tensor& key_cache,
                                          const torch::Tensor& value_cache, const torch::Tensor& block_tables,
                                          const torch::Tensor& context_lens, double scale);
+std::vector<torch::Tensor> rope_write_kv_cpu(const torch::Tensor& qkv, const torch::Tensor& cos_sin,
+                                             const torch::Tensor& positions, torch::Tensor key_cache,
+                                             torch::Tensor value_cache, const torch::Tensor& slots, int64_t heads,
+                                             int64_t kv_heads);
 torch::Tensor rms_norm_cpu(const torch::Tensor& x, const torch::Tensor& weight, double eps);

@@ -182,3 +182,31 @@ def test_rms_norm_matches_torch(rows, n):
     torch.testing.assert_close(cpu_decode.rms_norm(x, w, 1e-5), F.rms_norm(x, (n,), w, 1e-5), atol=1e-6, rtol=1e-5)
     with pytest.raises(RuntimeError, match="float32 only"):
         cpu_decode.rms_norm(x.bfloat16(), w.bfloat16(), 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_write_kv_is_rotate_then_write_kv(dtype):
+    from dataplane.models.layers import Rotary
+    from dataplane.runner.attention import write_kv
+
+    gen = torch.Generator().manual_seed(11)
+    rot = Rotary(64, 512, 10000.0, 1.0, torch.device("cpu"))
+    tokens, heads, kv_heads, d = 5, 9, 3, 64
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=gen).to(dtype)
+    pos, slots = torch.tensor([0, 3, 100, 511, 7]), torch.tensor([0, 17, 33, 5, 63])
+    kc, vc = torch.zeros(4, 16, kv_heads, d, dtype=dtype), torch.zeros(4, 16, kv_heads, d, dtype=dtype)
+    kc2, vc2 = kc.clone(), vc.clone()
+    q, k = rot.rotate(qkv, rot.prepare(pos), heads, kv_heads)
+    write_kv(kc, vc, k, qkv[:, (heads + kv_heads) * d:].view(tokens, kv_heads, d), slots)
+    q2, k2 = cpu_decode.rope_write_kv(qkv, rot.cos_sin, pos, kc2, vc2, slots, heads, kv_heads)
+    tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(q2, q, **tol)
+    torch.testing.assert_close(k2, k, **tol)
+    torch.testing.assert_close(kc2, kc, **tol)
+    assert torch.equal(vc2, vc)  # v is copied, not rounded
+    before = kc2.clone()
+    with pytest.raises(RuntimeError, match="slot 64 out of range"):  # checked before any write
+        cpu_decode.rope_write_kv(qkv[:2], rot.cos_sin, pos[:2], kc2, vc2, torch.tensor([1, 64]), heads, kv_heads)
+    assert torch.equal(kc2, before)
+    with pytest.raises(RuntimeError, match="beyond the table"):
+        cpu_decode.rope_write_kv(qkv[:1], rot.cos_sin, torch.tensor([512]), kc2, vc2, slots[:1], heads, kv_heads)
