@@ -55,22 +55,23 @@ class LlamaModel:
         rotary = NeoxRotary if use_kernels else Rotary
         self.rotary = rotary(args.head_dim, args.max_position, args.rope_theta, args.rope_scaling_factor,
                              self.device)
-        # On the CPU the C++ decode ops (kernels/cpu_decode.py) replace a dozen small torch ops each
-        # where they build here: decode attention in any dtype, RMSNorm in float32.
-        cpu_ops = not use_kernels and self.device.type == "cpu" and cpu_decode.available()
-        if use_kernels:
-            self._norm = _kernel_rms_norm
-        else:
-            self._norm = _cpu_rms_norm if cpu_ops and self.dtype == torch.float32 else rms_norm
         self._act = dispatch.silu_and_mul if use_kernels else silu_and_mul
-        if use_kernels:
-            self._attention = paged_attention_kernels
-        else:
-            self._attention = paged_attention_cpu if cpu_ops else paged_attention
-        # ... and rotary + the KV write as one op, where the cache shares the activations' dtype
-        self._rope_kv = cpu_ops and self.dtype in (torch.float32, torch.bfloat16)
+        self.use_cpu_ops(not use_kernels and self.device.type == "cpu" and cpu_decode.available())
         self.scale = args.head_dim ** -0.5
         self.compiled: CompiledDecode | None = None  # decode-only steps through torch.compile (opt-in)
+
+    def use_cpu_ops(self, enabled: bool) -> None:
+        """On the CPU torch path, the C++ decode ops (kernels/cpu_decode.py) where `enabled`: decode
+        attention (float32, bf16), rotary + KV write (float32, bf16) and RMSNorm (float32), each one call for a dozen
+        small torch ops; else the torch ops. Set at load from whether the extension builds here."""
+        if self.use_kernels:
+            self._norm, self._attention, self._rope_kv = _kernel_rms_norm, paged_attention_kernels, False
+            self.cpu_ops = False
+            return
+        self._norm = _cpu_rms_norm if enabled and self.dtype == torch.float32 else rms_norm
+        self._attention = paged_attention_cpu if enabled else paged_attention
+        self._rope_kv = enabled and self.dtype in (torch.float32, torch.bfloat16)
+        self.cpu_ops = enabled
 
     def enable_compiled_decode(self, *, cpp_wrapper: bool = False) -> bool:
         """Run decode-only steps through torch.compile (models/compiled_decode.py); compiles lazily, on

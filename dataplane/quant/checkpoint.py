@@ -213,8 +213,10 @@ class Projections:
         assert self.spec is not None
         # Block rows are whole output rows, so q/k's rotary interleave permutes them like dense rows.
         rows = [interleave_rotary_rows(b, heads) if heads else b for b, heads in parts]
-        return GgufLinear.from_gguf(torch.cat(rows).contiguous(), fmt, in_features, dtype=self.dtype,
-                                    dense_above=self.spec.int4_dense_above)
+        layer = GgufLinear.from_gguf(torch.cat(rows).contiguous(), fmt, in_features, dtype=self.dtype)
+        if self.spec.int4_dense_above > 0:  # big batches on the engine's dense projection, as a dense model
+            layer.attach_dense(self._linear(layer.dense_weight().to(self.dtype)), self.spec.int4_dense_above)
+        return layer
 
     def _fp8(self, parts: list[Part]) -> Fp8Linear:
         weights, scales = [], []

@@ -44,7 +44,10 @@ class GgufLinear:
         self.out_features, self.in_features = blocks.shape[0], in_features
         self._op = gguf_cpu.raw_op(fmt)  # shapes checked above; the C++ checks each call's x
         self.dense_above = dense_above
-        self._dense = self.dense_weight().to(dtype).contiguous() if dense_above > 0 else None
+        self._dense: torch.Tensor | None = None
+        self._dense_layer = None  # attach_dense: the engine's own dense projection, prepacked
+        if dense_above > 0:
+            self._dense = self.dense_weight().to(dtype).contiguous()
 
     @classmethod
     def from_gguf(cls, raw: torch.Tensor, fmt: str, in_features: int, *, dtype: torch.dtype = torch.float32,
@@ -56,17 +59,24 @@ class GgufLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2:  # the engine's case: rows in the model dtype
-            if self._dense is not None and x.shape[0] > self.dense_above:
-                return F.linear(x, self._dense)
+            if x.shape[0] > self.dense_above > 0:
+                return self._dense_layer(x) if self._dense_layer is not None else F.linear(x, self._dense)
             return self._op(x.contiguous(), self.blocks, self.out_features, self.in_features)
         rows = as_rows(x, self.in_features)
         return self(rows).reshape(*x.shape[:-1], self.out_features)
 
     forward = __call__
 
+    def attach_dense(self, layer, dense_above: int) -> None:
+        """Answer inputs of more than `dense_above` rows with `layer` (a dense projection of
+        dense_weight(), e.g. models.layers.Linear with its prepacked or float16 storage): at batch 32
+        plain F.linear on a float32 copy ran slower than the kernel."""
+        self._dense, self._dense_layer, self.dense_above = None, layer, dense_above
+
     @property
     def weight_bytes(self) -> int:
-        return tensor_bytes(self.blocks, self._dense)
+        extra = self._dense_layer.weight_bytes if self._dense_layer is not None else 0
+        return tensor_bytes(self.blocks, self._dense) + extra
 
     def dense_weight(self) -> torch.Tensor:
         """The [out, in] float32 weight the blocks hold (the file's values, exactly)."""
