@@ -59,6 +59,11 @@ def pytest_configure(config: pytest.Config) -> None:
         settings.INSTALLED_APPS  # noqa: B018  (loads the settings so pytest-django sets Django up)
     except ImportError:
         pass
+    # The C++ CPU kernels compile on first use (30-60 s on a fresh host, then cached per CPU): once
+    # here, so that no test's clock (a worker process's start-up wait) pays for it.
+    from kernels.cpu_ext import extension
+
+    extension()
 
 
 @pytest.fixture
