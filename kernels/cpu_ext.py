@@ -2,7 +2,7 @@
 
 Torch's extension builder compiles them (g++ and ninja; about 30 s once, more on a busy host) for
 this CPU (`-march=native`) into ``TESSERA_CACHE_DIR`` (default ~/.cache/tessera)/cpu_kernels/<tag>,
-where the tag hashes the CPU's model and instruction-set flags, the sources and torch's version:
+where the tag hashes the CPU's model and flags, the sources, their directory and torch's version:
 a cache shared between different hosts never runs instructions one of them lacks, and an edited
 source rebuilds. Where no compiler, headers or ninja are found, or ``TESSERA_CPU_KERNELS=0``,
 ``extension()`` is None and says why once in the log; every caller then keeps its torch path.
@@ -39,6 +39,9 @@ def _tag() -> str:
     except OSError:
         cpu = os.uname().machine
     digest = hashlib.sha256(cpu.encode())
+    # and the checkout: torch's builder names the sources by path in its build file, so two checkouts
+    # sharing one directory would rebuild it for each other, 30-80 s every time
+    digest.update(str(SOURCE_DIR).encode())
     for name in (*SOURCES, "ops.h"):
         digest.update((SOURCE_DIR / name).read_bytes())
     digest.update(torch.__version__.encode())
