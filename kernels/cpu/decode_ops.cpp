@@ -120,52 +120,100 @@ inline float exp_shifted(float* p, int64_t n, float max) {
   return sum;
 }
 
+// Pulls a cache block's rows [row0, row0 + bytes) towards L2 while the previous block computes.
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+#ifdef TESSERA_AVX2
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T1);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+// The context's keys (or values) for KV heads [h0, h1) of one sequence, block by block: each
+// block's rows are contiguous (block_size x kv_heads x d), so a task that reads all of a token's
+// heads streams whole blocks, and the next block is prefetched while this one computes. One task
+// per (sequence, KV head) read a third of each row at a stride and ran at ~6 GB/s once the caches
+// were out of L2: 32 sequences x 160 keys x 30 layers took 19-21 ms a step against 11 for torch's
+// gather + bmm (AVX-512 BF16 EPYC, 2 threads, bf16 cache); per sequence with the prefetch, 11.2-11.6
+// ms, and whole 32-sequence decode steps ran 1.2x faster than the torch path instead of 0.8x.
+template <typename T, typename F>
+inline void for_each_token(const T* cache, const int64_t* table, int64_t n, int64_t block_size, int64_t row,
+                           int64_t num_blocks, F&& body) {
+  for (int64_t b0 = 0; b0 < n; b0 += block_size) {
+    const int64_t blk = table[b0 / block_size];
+    TORCH_CHECK(blk >= 0 && blk < num_blocks, "paged_decode_attention: block id ", blk, " out of range");
+    if (b0 + block_size < n) {
+      const int64_t next = table[b0 / block_size + 1];
+      if (next >= 0 && next < num_blocks)
+        prefetch_bytes(cache + next * block_size * row,
+                       std::min(block_size, n - b0 - block_size) * row * static_cast<int64_t>(sizeof(T)));
+    }
+    const T* base = cache + blk * block_size * row;
+    const int64_t stop = std::min(block_size, n - b0);
+    for (int64_t i = 0; i < stop; ++i) body(b0 + i, base + i * row);
+  }
+}
+
 template <typename T>
 void decode_attention(const float* q, const T* kc, const T* vc, const int64_t* tables, int64_t table_width,
                       const int64_t* lens, float* out, int64_t seqs, int64_t heads, int64_t kv_heads, int64_t d,
                       int64_t block_size, int64_t num_blocks, float scale) {
   const int64_t group = heads / kv_heads;
   const int64_t row = kv_heads * d;  // one token's keys in the cache, all KV heads
-  // One task per (sequence, KV head): its `group` query heads share every key and value read. A
-  // task is ~context x group x d multiply-adds; fewer than ~64k per thread do not pay for waking
-  // one (a batch-1 step's 3 tasks at 180 keys ran 2x slower split over two threads).
   int64_t total = 0;
   for (int64_t s = 0; s < seqs; ++s) total += lens[s];
-  const int64_t per_task = std::max<int64_t>(1, total / std::max<int64_t>(seqs, 1) * group * d);
+  // Tasks are whole sequences (all heads: contiguous rows) unless there are fewer sequences than
+  // threads and enough work to split, then (sequence, KV head). A task is ~context x heads x d
+  // multiply-adds; below ~64k per thread waking one does not pay (a batch-1 step's 3 tasks at 180
+  // keys ran 2x slower split over two threads).
+  const int64_t threads = at::get_num_threads();
+  const int64_t per_seq = std::max<int64_t>(1, total / std::max<int64_t>(seqs, 1) * heads * d);
+  const bool split = seqs < threads && per_seq / kv_heads >= (int64_t{1} << 16);
+  const int64_t span = split ? 1 : kv_heads;  // KV heads per task
+  const int64_t per_task = split ? per_seq / kv_heads : per_seq;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / per_task);
-  at::parallel_for(0, seqs * kv_heads, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc(static_cast<size_t>(group * d));
+  at::parallel_for(0, seqs * (kv_heads / span), grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, acc(static_cast<size_t>(span * group * d));
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t s = task / kv_heads, h = task % kv_heads;
+      const int64_t s = task / (kv_heads / span), h0 = task % (kv_heads / span) * span;
       const int64_t n = lens[s];
       const int64_t* table = tables + s * table_width;
-      scores.resize(static_cast<size_t>(std::max<int64_t>(n, 1) * group));
-      std::fill(acc.begin(), acc.end(), 0.f);
-      float* o = out + (s * heads + h * group) * d;
+      const int64_t qh = span * group;  // query heads of this task, from head h0 * group
+      float* o = out + (s * heads + h0 * group) * d;
+      const float* qs = q + (s * heads + h0 * group) * d;
       if (n <= 0) {  // an empty context attends to nothing: zeros, as the reference gives
-        std::fill(o, o + group * d, 0.f);
+        std::fill(o, o + qh * d, 0.f);
         continue;
       }
-      std::vector<float> maxes(static_cast<size_t>(group), -std::numeric_limits<float>::infinity());
-      for (int64_t t = 0; t < n; ++t) {
-        const int64_t blk = table[t / block_size];
-        TORCH_CHECK(blk >= 0 && blk < num_blocks, "paged_decode_attention: block id ", blk, " out of range");
-        const T* k = kc + (blk * block_size + t % block_size) * row + h * d;
-        for (int64_t g = 0; g < group; ++g) {
-          const float sc = dot(q + (s * heads + h * group + g) * d, k, d) * scale;
-          scores[g * n + t] = sc;
-          maxes[g] = std::max(maxes[g], sc);
+      scores.resize(static_cast<size_t>(n * qh));
+      std::vector<float> maxes(static_cast<size_t>(qh), -std::numeric_limits<float>::infinity());
+      for_each_token(kc, table, n, block_size, row, num_blocks, [&](int64_t t, const T* k) {
+        for (int64_t h = 0; h < span; ++h) {
+          const T* kh = k + (h0 + h) * d;
+          for (int64_t g = 0; g < group; ++g) {
+            const int64_t j = h * group + g;
+            const float sc = dot(qs + j * d, kh, d) * scale;
+            scores[j * n + t] = sc;
+            maxes[j] = std::max(maxes[j], sc);
+          }
         }
+      });
+      for (int64_t j = 0; j < qh; ++j) {
+        const float inv = 1.f / exp_shifted(scores.data() + j * n, n, maxes[j]);
+        for (int64_t t = 0; t < n; ++t) scores[j * n + t] *= inv;
       }
-      for (int64_t g = 0; g < group; ++g) {
-        const float inv = 1.f / exp_shifted(scores.data() + g * n, n, maxes[g]);
-        for (int64_t t = 0; t < n; ++t) scores[g * n + t] *= inv;
-      }
-      for (int64_t t = 0; t < n; ++t) {
-        const int64_t blk = table[t / block_size];
-        const T* v = vc + (blk * block_size + t % block_size) * row + h * d;
-        for (int64_t g = 0; g < group; ++g) axpy(scores[g * n + t], v, acc.data() + g * d, d);
-      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for_each_token(vc, table, n, block_size, row, num_blocks, [&](int64_t t, const T* v) {
+        for (int64_t h = 0; h < span; ++h) {
+          const T* vh = v + (h0 + h) * d;
+          for (int64_t g = 0; g < group; ++g) {
+            const int64_t j = h * group + g;
+            axpy(scores[j * n + t], vh, acc.data() + j * d, d);
+          }
+        }
+      });
       std::copy(acc.begin(), acc.end(), o);
     }
   });

@@ -164,6 +164,32 @@ def test_paged_decode_attention_matches_the_reference(dtype, heads, kv_heads, d)
     assert torch.equal(out, out64)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_decode_attention_splits_a_long_lone_sequence_by_kv_head(dtype):
+    # One sequence with a long context on two threads runs as one task per KV head (the other
+    # path): the same answer as the reference, and as several sequences run per sequence.
+    gen = torch.Generator().manual_seed(7)
+    blocks, bs, heads, kv_heads, d = 200, 16, 9, 3, 64
+    kc = torch.randn(blocks, bs, kv_heads, d, generator=gen).to(dtype)
+    vc = torch.randn(blocks, bs, kv_heads, d, generator=gen).to(dtype)
+    tables = torch.randperm(blocks, generator=gen)[:190].view(1, -1).to(torch.int32)
+    lens = torch.tensor([190 * bs - 5], dtype=torch.int32)
+    q = torch.randn(1, heads, d, generator=gen).to(dtype)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out = cpu_decode.paged_decode_attention(q, kc, vc, tables, lens, d ** -0.5)
+        many = cpu_decode.paged_decode_attention(q.repeat(3, 1, 1), kc, vc, tables.repeat(3, 1), lens.repeat(3),
+                                                 d ** -0.5)
+    finally:
+        torch.set_num_threads(threads)
+    ref = paged_decode_attention_ref(q, kc, vc, tables, lens, d ** -0.5)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(out.float(), ref.float(), **tol)
+    for row in many:
+        torch.testing.assert_close(row.float(), out[0].float(), atol=1e-6, rtol=1e-6)
+
+
 def test_paged_decode_attention_refuses_what_would_read_out_of_bounds():
     kc = torch.zeros(4, 16, 1, 8)
     q = torch.zeros(1, 1, 8)
