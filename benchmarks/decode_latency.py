@@ -12,8 +12,9 @@ float16-stored projections on an AVX2-only CPU. Variants:
 - the torch path (every op a torch op: the engine before the C++ decode ops);
 - the default (kernels/cpu_decode.py: decode attention, rotary + KV write, float32 RMSNorm);
 - `quantization="gguf"`: the GGUF's own Q4_1 projections and Q8_0 head through kernels/gguf_cpu.py
-  (the file's weights, 8-bit activation blocks; passes the quality gate, +0.24% perplexity);
-- 32 concurrent requests for the torch path, the default, gguf and gguf with a dense copy above 8
+  (the file's weights, 8-bit activation blocks; passes the quality gate, +0.24% perplexity), with
+  decode-only steps as one C++ call (models/fused_decode.py, the default) and one op at a time;
+- 32 concurrent requests for the torch path, the default, gguf (fused) and gguf with a dense copy above 8
   rows (aggregate tok/s: the batch-1 work must not cost throughput);
 - with --compile, the default with the decode step compiled (models/compiled_decode.py); with
   --quant, round-to-nearest int8 / int4 at load (not gated); with --legacy-bf16 on a native-bf16
@@ -164,6 +165,8 @@ def main() -> None:
     torch_ops = _load(mc, cpu_ops=False)
     gmc = ModelConfig(MODEL, dtype="auto", quantization="gguf")
     gguf = _load(gmc)
+    gguf_ops = _load(gmc)
+    gguf_ops.model.fused = None  # the same kernels one projection / op at a time
     gguf_dense = _load(ModelConfig(MODEL, dtype="auto", quantization="gguf", int4_dense_above=8))
     # Weights streamed per token at batch 1: every projection and the head once (the head is the
     # embedding, counted once however many copies are kept).
@@ -175,10 +178,11 @@ def main() -> None:
     label = mc.dtype_label
     variants = {f"{label}, torch ops": (torch_ops, 1),
                 f"{label}, C++ decode ops (default)": (default, 1),
-                "gguf Q4_1/Q8_0 blocks, C++ kernels": (gguf, 1),
+                "gguf Q4_1/Q8_0 blocks, C++ kernels one op at a time": (gguf_ops, 1),
+                "gguf Q4_1/Q8_0 blocks, fused decode step (default)": (gguf, 1),
                 f"{label}, torch ops, 32 concurrent": (torch_ops, 32),
                 f"{label}, C++ decode ops (default), 32 concurrent": (default, 32),
-                "gguf Q4_1/Q8_0 blocks, 32 concurrent": (gguf, 32),
+                "gguf Q4_1/Q8_0 blocks, fused decode step, 32 concurrent": (gguf, 32),
                 "gguf blocks + dense copy above 8 rows, 32 concurrent": (gguf_dense, 32)}
     if args.legacy_bf16 and mc.torch_dtype == torch.bfloat16:
         os.environ["TESSERA_ONEDNN_LINEAR"] = "0"
@@ -231,11 +235,12 @@ def main() -> None:
     if p is not None:
         rows.append(f"| llama.cpp (llama-cpp-python), same GGUF (Q4_1 weights), batch 1 | {fmt(p)} | "
                     f"{fmt(1e3 / p, 2)} | {p / base1:.2f}x | 1.00x | – | – |")
-        results["gguf_vs_llama_cpp"] = med["gguf Q4_1/Q8_0 blocks, C++ kernels"] / p
+        results["gguf_vs_llama_cpp"] = med["gguf Q4_1/Q8_0 blocks, fused decode step (default)"] / p
     else:
         rows.append(f"| llama.cpp | not run: {peer or '--no-peer'} | | | | | |")
-    rows += ["", "Batch-1 step breakdown, gguf blocks (torch.profiler self CPU time, 20 steps; the profiler "
-             "inflates small ops, and the C++ kernels are not torch ops so they fall in the first line):", "",
+    rows += ["", "Batch-1 step breakdown, gguf blocks with the fused step (torch.profiler self CPU time, 20 "
+             "steps; the profiler inflates small ops, and the C++ kernels are not torch ops so they fall in the "
+             "first line):", "",
              "| part | ms per step |", "|---|---:|"]
     rows += [f"| {k} | {v:.2f} |" for k, v in sorted(breakdown.items(), key=lambda kv: -kv[1])]
     loads = f"{min(load):.1f}–{max(load):.1f}"

@@ -24,7 +24,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parent / "cpu"
-SOURCES = ("bindings.cpp", "gguf_matmul.cpp", "decode_ops.cpp")
+SOURCES = ("bindings.cpp", "gguf_matmul.cpp", "decode_ops.cpp", "gguf_decoder.cpp")
 _lock = threading.Lock()
 
 
@@ -42,8 +42,9 @@ def _tag() -> str:
     # and the checkout: torch's builder names the sources by path in its build file, so two checkouts
     # sharing one directory would rebuild it for each other, 30-80 s every time
     digest.update(str(SOURCE_DIR).encode())
-    for name in (*SOURCES, "ops.h"):
-        digest.update((SOURCE_DIR / name).read_bytes())
+    for path in sorted(SOURCE_DIR.glob("*.[ch]*")):  # the sources and every header they include
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
     digest.update(torch.__version__.encode())
     return digest.hexdigest()[:16]
 

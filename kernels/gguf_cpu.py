@@ -67,3 +67,25 @@ def q8_0_linear(x: torch.Tensor, blocks: torch.Tensor, out_features: int, in_fea
     if mod is None:
         raise RuntimeError("gguf kernels: not available on this machine (see the log)")
     return mod.q8_0_linear(x, blocks, out_features, in_features)
+
+
+def decoder(projections: list[torch.Tensor], formats: list[str], input_norms: list[torch.Tensor],
+            post_norms: list[torch.Tensor], cos_sin: torch.Tensor, *, heads: int, kv_heads: int, head_dim: int,
+            eps: float, scale: float):
+    """A whole decode step of a Llama decoder as one call (kernels/cpu/gguf_decoder.cpp).
+
+    `projections`: per layer, in order, the qkv, o, gate_up and down blocks (kernel layout, rows of
+    q and k interleaved for adjacent-pair rotary as models/layers.Rotary takes them), `formats` their
+    "Q4_1" / "Q8_0"; norms per layer; `cos_sin` [max_pos, head_dim / 2, 2] float32 (Rotary.cos_sin).
+    The result's `forward(h, positions, slots, block_tables, context_lens, key_caches, value_caches)`
+    takes the embedded rows h [S, hidden] of S decode queries (one per sequence), writes their K/V at
+    `slots` and returns the residual stream after the last layer, in h's dtype. Its twin is the per-op
+    path of dataplane/models/llama.py."""
+    mod = extension()
+    if mod is None:
+        raise RuntimeError("gguf kernels: not available on this machine (see the log)")
+    unknown = sorted(set(formats) - {"Q4_1", "Q8_0"})
+    if unknown:
+        raise ValueError(f"gguf decoder: formats {unknown} are not supported; use Q4_1 or Q8_0")
+    return mod.GgufDecoder(list(projections), [1 if f == "Q4_1" else 0 for f in formats], list(input_norms),
+                           list(post_norms), cos_sin, heads, kv_heads, head_dim, float(eps), float(scale))

@@ -27,6 +27,7 @@ from kernels import cpu_decode, dispatch
 if TYPE_CHECKING:
     from dataplane.lora.context import LoRAStepContext
     from dataplane.models.compiled_decode import CompiledDecode
+    from dataplane.models.fused_decode import FusedGgufDecode
 
 
 @dataclass(slots=True)
@@ -56,6 +57,7 @@ class LlamaModel:
         self.rotary = rotary(args.head_dim, args.max_position, args.rope_theta, args.rope_scaling_factor,
                              self.device)
         self._act = dispatch.silu_and_mul if use_kernels else silu_and_mul
+        self.fused: FusedGgufDecode | None = None  # decode-only steps in one C++ call (GGUF blocks only)
         self.use_cpu_ops(not use_kernels and self.device.type == "cpu" and cpu_decode.available())
         self.scale = args.head_dim ** -0.5
         self.compiled: CompiledDecode | None = None  # decode-only steps through torch.compile (opt-in)
@@ -63,7 +65,9 @@ class LlamaModel:
     def use_cpu_ops(self, enabled: bool) -> None:
         """On the CPU torch path, the C++ decode ops (kernels/cpu_decode.py) where `enabled`: decode
         attention (float32, bf16), rotary + KV write (float32, bf16) and RMSNorm (float32), each one call for a dozen
-        small torch ops; else the torch ops. Set at load from whether the extension builds here."""
+        small torch ops, and for a model kept in GGUF blocks the whole decode-only step as one call
+        (models/fused_decode.py); else the torch ops. Set at load from whether the extension builds here."""
+        self.fused = None
         if self.use_kernels:
             self._norm, self._attention, self._rope_kv = _kernel_rms_norm, paged_attention_kernels, False
             self.cpu_ops = False
@@ -72,6 +76,10 @@ class LlamaModel:
         self._attention = paged_attention_cpu if enabled else paged_attention
         self._rope_kv = enabled and self.dtype in (torch.float32, torch.bfloat16)
         self.cpu_ops = enabled
+        if enabled:
+            from dataplane.models.fused_decode import FusedGgufDecode
+
+            self.fused = FusedGgufDecode.build(self)
 
     def enable_compiled_decode(self, *, cpp_wrapper: bool = False) -> bool:
         """Run decode-only steps through torch.compile (models/compiled_decode.py); compiles lazily, on
@@ -127,6 +135,8 @@ class LlamaModel:
         lora: LoRAStepContext | None = None,
     ) -> torch.Tensor:
         """[T, hidden]: every row's residual stream after the last layer, before the final norm."""
+        if self.fused is not None and self.fused.applies(input_ids.shape[0], meta, lora):
+            return self.fused(input_ids, positions, meta, kv_caches)
         if self.compiled is not None and self.compiled.applies(meta, lora):
             h = self.compiled(input_ids, positions, meta, kv_caches)
             if h is not None:  # None: the compiled path failed and is off; eager below

@@ -9,4 +9,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_write_kv", &rope_write_kv_cpu,
         "q, k rotated from a fused qkv [T, (H + 2 Hkv) D]; k and v written to the caches at their slots");
   m.def("rms_norm", &rms_norm_cpu, "float32 RMSNorm of rows x [rows, n] with weight [n]");
+  bind_gguf_decoder(m);
 }

@@ -19,3 +19,6 @@ std::vector<torch::Tensor> rope_write_kv_cpu(const torch::Tensor& qkv, const tor
                                              torch::Tensor value_cache, const torch::Tensor& slots, int64_t heads,
                                              int64_t kv_heads);
 torch::Tensor rms_norm_cpu(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+// gguf_decoder.cpp: a whole decode step over GGUF-block projections (the GgufDecoder class).
+void bind_gguf_decoder(pybind11::module& m);

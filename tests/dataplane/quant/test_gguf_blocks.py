@@ -90,3 +90,52 @@ def test_without_the_kernels_the_blocks_load_dense(monkeypatch):
         monkeypatch.delenv("TESSERA_CPU_KERNELS")
         cpu_ext.extension.cache_clear()
     assert cpu_ext.extension() is not None
+
+
+def test_the_fused_decode_step_is_as_near_the_float_model_as_the_per_op_path(smollm_gguf, smollm_fp32):
+    # Decode-only steps run as one C++ call (models/fused_decode.py); the per-op path is its twin.
+    # Both round activations to 8 bits, so an ulp apart (SiLU's exponential is a polynomial there,
+    # torch's Sleef here) can flip a rounding and the two part by the scheme's own noise, not
+    # more: at every decode step of a batched run (rows of several decode groups), on the same
+    # cache, each is compared with the float32 model, and they pick the same next token.
+    model, dense = smollm_gguf.model, smollm_fp32.model
+    fused = model.fused
+    assert fused is not None
+    step = model.hidden_states
+    seen = {"steps": 0, "rows": 0, "agree": 0, "err_fused": 0.0, "err_ops": 0.0}
+
+    def compare(ids, pos, meta, kv, lora=None):
+        if not fused.applies(ids.shape[0], meta, lora):
+            return step(ids, pos, meta, kv, lora)
+        saved = [(k.clone(), v.clone()) for k, v in kv]
+
+        def run(fn):
+            out = fn(ids, pos, meta, kv)
+            for (k, v), (sk, sv) in zip(kv, saved, strict=True):
+                k.copy_(sk)
+                v.copy_(sv)
+            return out
+        h_fused = run(fused)
+        model.fused = None
+        try:
+            h_ops = run(step)
+        finally:
+            model.fused = fused
+        h_dense = run(dense.hidden_states)
+        rows = torch.arange(ids.shape[0])
+        seen["steps"] += 1
+        seen["rows"] += ids.shape[0]
+        seen["agree"] += int((model.logits(h_fused, rows).argmax(-1) == model.logits(h_ops, rows).argmax(-1)).sum())
+        seen["err_fused"] += float((h_fused - h_dense).norm() / h_dense.norm())
+        seen["err_ops"] += float((h_ops - h_dense).norm() / h_dense.norm())
+        return step(ids, pos, meta, kv, lora)
+
+    model.hidden_states = compare
+    try:
+        LLM(MODEL, dtype="float32", preloaded=smollm_gguf).generate(
+            PROMPTS, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+    finally:
+        del model.hidden_states
+    assert seen["steps"] >= 15 and seen["rows"] >= 15 * len(PROMPTS)
+    assert seen["agree"] >= 0.95 * seen["rows"], seen
+    assert seen["err_fused"] <= 1.25 * seen["err_ops"] and seen["err_fused"] / seen["steps"] < 0.05, seen
