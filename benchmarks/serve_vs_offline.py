@@ -2,6 +2,7 @@
 
     python -m benchmarks.serve_vs_offline [--rounds 2] [--batch1-requests 4] [--concurrency 32]
     python -m benchmarks.serve_vs_offline --first-pass   # a fresh worker's first pass vs its second
+    python -m benchmarks.serve_vs_offline --gguf --name serve_vs_offline_gguf   # the GGUF blocks, both sides
 
 Default mode: the offline `LLM.generate` in this process and a real worker process
 (`python -m dataplane.worker`, same engine settings) on the same prompts: SmolLM2 bf16, greedy,
@@ -10,6 +11,10 @@ concurrent, over HTTP both non-streamed and streamed. Each round runs every path
 prompts (so neither engine's prefix cache helps), alternating which goes first; the figure per
 path is the best round. A warm-up round over the same shapes runs first and is not counted.
 Output tokens per second are wall clock, prefill included; the ratio is HTTP / offline.
+
+--gguf: both sides keep the GGUF's own blocks (quantization="gguf", a dense copy above 8 rows), so
+batch-1 decode steps run as one C++ call (models/fused_decode.py): the step is ~4 ms instead of
+~10, and what serving adds per token weighs more.
 
 --first-pass: start a worker with `--no-warmup`, then one with its start-up warm-up, and time
 each one's first and second pass at 32 concurrent (the first pass over new batch shapes pays for
@@ -220,9 +225,12 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--threads", type=int, help="torch intra-op threads, offline and in the worker (default: torch's)")
     p.add_argument("--first-pass", action="store_true", help="a fresh worker's first vs second pass, warm-up off/on")
+    p.add_argument("--gguf", action="store_true", help="quantization=gguf with a dense copy above 8 rows, both sides")
     p.add_argument("--worker-arg", action="append", default=[], help="an extra worker flag (repeatable)")
     p.add_argument("--name", help="results file name (default serve_vs_offline[_first_pass])")
     args = p.parse_args()
+    if args.gguf:
+        SETTINGS.update(quantization="gguf", int4_dense_above=8)
     if args.first_pass:
         data = asyncio.run(first_pass(args))
         text, name = first_pass_table(data), args.name or "serve_vs_offline_first_pass"

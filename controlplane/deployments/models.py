@@ -21,13 +21,15 @@ class Quantization(models.TextChoices):
     BF16 = "bf16", "bf16 (the checkpoint's own weights)"
     FP8 = "fp8", "fp8 (per-channel e4m3)"
     AWQ_INT4 = "awq-int4", "awq-int4 (AWQ 4-bit groups)"
+    GGUF = "gguf", "gguf (a GGUF file's own Q4_1 / Q8_0 blocks; CPU workers)"
 
 
 # The engine's `quantization` argument for each choice (dataplane.config.ModelConfig).
-ENGINE_QUANTIZATION = {Quantization.BF16: None, Quantization.FP8: "fp8", Quantization.AWQ_INT4: "awq"}
+ENGINE_QUANTIZATION = {Quantization.BF16: None, Quantization.FP8: "fp8", Quantization.AWQ_INT4: "awq",
+                       Quantization.GGUF: "gguf"}
 # What operators may type (CLI, API) for each choice.
 QUANTIZATION_ALIASES = {"none": "bf16", "bf16": "bf16", "fp8": "fp8", "awq": "awq-int4", "awq-int4": "awq-int4",
-                        "int4": "awq-int4"}
+                        "int4": "awq-int4", "gguf": "gguf"}
 
 
 def default_quantizations() -> list[str]:
@@ -42,7 +44,7 @@ class Model(models.Model):
     architecture = models.CharField(max_length=64, default="llama")
     context_length = models.PositiveIntegerField(null=True, blank=True, help_text="Blank: the checkpoint's own.")
     quantizations = models.JSONField(default=default_quantizations, blank=True,
-                                     help_text="Available: any of bf16, fp8, awq-int4.")
+                                     help_text="Available: any of bf16, fp8, awq-int4, gguf.")
     quantized_sources = models.JSONField(default=dict, blank=True, help_text='Prebuilt checkpoints per method, '
                                          'e.g. {"awq-int4": "/models/x-awq"}; absent: quantized at load (fp8 only).')
     description = models.TextField(blank=True)

@@ -72,7 +72,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
 class DeploymentCreateSerializer(serializers.Serializer):
     model = serializers.SlugRelatedField(slug_field="name", queryset=Model.objects.all())
     replicas = serializers.IntegerField(min_value=0, default=1)
-    quantization = serializers.CharField(default=Quantization.BF16.value, help_text="bf16, fp8 or awq-int4 (awq)")
+    quantization = serializers.CharField(default=Quantization.BF16.value, help_text="bf16, fp8, awq-int4 (awq) or gguf")
     name = serializers.CharField(max_length=128, required=False)
     served_name = serializers.CharField(max_length=128, required=False)
     placement = serializers.DictField(required=False, default=dict)

@@ -35,7 +35,12 @@ log = logging.getLogger("tessera.worker.agent")
 # Errors that say the spec cannot work (bad source, bad settings): retrying the same spec cannot help.
 PERMANENT_ERRORS = (ValueError, TypeError, KeyError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
                     PermissionError, ImportError)
-MODEL_CONFIG = ("dtype", "device", "max_model_len", "seed", "tensor_parallel_size", "compile_decode")
+MODEL_CONFIG = ("dtype", "device", "max_model_len", "seed", "tensor_parallel_size", "compile_decode", "int4_dense_above")
+# quantization="gguf" keeps the file's 4-bit blocks for decode steps of up to this many rows (one fused
+# C++ call at batch 1) and a dense copy above, where the blocks' kernel is the slower: on a 2-core AVX-512
+# BF16 EPYC, 268 tok/s at batch 1 and 1057 at 32 concurrent, against 96 / 994 for bf16 alone
+# (python -m benchmarks.decode_latency). A deployment's engine_args.int4_dense_above overrides it.
+GGUF_DENSE_ABOVE = 8
 CACHE_CONFIG = ("block_size", "kv_cache_memory", "enable_prefix_caching")
 SCHEDULER_CONFIG = ("max_num_seqs", "max_num_batched_tokens", "max_waiting")
 
@@ -209,6 +214,9 @@ class EngineSlot:
 
         args = {**self.state.config.engine_kwargs(), **(spec.get("engine_args") or {})}
         args.pop("progress", None)
+        if spec.get("engine_quantization") == "gguf" and "int4_dense_above" not in (spec.get("engine_args") or {}) \
+                and not args.get("int4_dense_above"):
+            args["int4_dense_above"] = GGUF_DENSE_ABOVE
         extra: dict[str, Any] = {}
         self.counters["engine_builds"] += 1
         try:

@@ -71,6 +71,10 @@ def test_deploy_command_creates_then_scales(capsys, sent):
                  "--quantized-source", "/models/smollm2-awq")
     awq = Deployment.objects.get(name="smollm2-135m-instruct-awq-int4")
     assert awq.engine_quantization == "awq" and awq.model.source_for("awq-int4") == "/models/smollm2-awq"
+    # gguf reads the file's own blocks: like fp8, no prebuilt checkpoint is needed
+    call_command("deploy", "--model", "smollm2-135m-instruct", "--quantization", "gguf", "--replicas", "1")
+    gguf = Deployment.objects.get(name="smollm2-135m-instruct-gguf")
+    assert gguf.engine_quantization == "gguf" and "gguf" in gguf.model.quantizations
     with pytest.raises(CommandError, match="invalid_value"):
         call_command("deploy", "--model", "smollm2-135m-instruct", "--placement", "{nope")
 

@@ -245,3 +245,21 @@ def test_the_worker_refuses_adapters_outside_its_own_root(agent, tmp_path):
     agent.slot.adapter_root = str(root)
     assert agent.runner.load_adapter(30, 1) == "loaded"
     assert agent.built[0].adapters == {"acme:sql": str(root / "acme" / "sql")}
+
+
+@pytest.mark.parametrize("engine_args,dense_above", [({}, 8), ({"int4_dense_above": 0}, None)])
+def test_a_gguf_replica_keeps_the_files_blocks_with_a_dense_copy_for_big_batches(engine_args, dense_above):
+    # The real build (no fake engine): quantization="gguf" runs decode steps of up to 8 rows as one
+    # fused C++ call and larger ones on a dense copy, unless the deployment's engine_args say otherwise.
+    from dataplane.quant.gguf import GgufLinear
+
+    state = WorkerState(WorkerConfig(model="unassigned", kv_cache_memory="64MiB"))
+    slot = EngineSlot(state, unload_grace_seconds=0.1)
+    engine = slot._build("smollm2-135m-instruct", {**spec(quantization="gguf"), "engine_args": engine_args})
+    try:
+        model = engine.core.model
+        assert isinstance(model.layers[0].qkv_proj, GgufLinear) and model.layers[0].qkv_proj.dense_above == \
+            (dense_above or 0)
+        assert model.fused is not None and model.fused.max_rows == dense_above
+    finally:
+        engine.shutdown()

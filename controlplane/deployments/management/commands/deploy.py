@@ -58,7 +58,8 @@ class Command(BaseCommand):
             quantizations = ["bf16"] if quantization == "bf16" else ["bf16", quantization]
             model = services.model_create(name=opts["model"], source=opts["source"] or opts["model"],
                                           quantizations=quantizations)
-        if quantization not in model.quantizations and quantization == "fp8":
+        # fp8 is made at load and gguf reads the file's own blocks: neither needs a prebuilt checkpoint
+        if quantization not in model.quantizations and quantization in ("fp8", "gguf"):
             model = services.model_update(model=model, quantizations=[*model.quantizations, quantization])
         if opts["quantized_source"]:
             sources = {**model.quantized_sources, quantization: opts["quantized_source"]}
