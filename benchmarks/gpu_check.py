@@ -1,6 +1,6 @@
 """The check to run the day a GPU is lent: is the CUDA path right, and how fast is it?
 
-    python -m benchmarks.gpu_check [--max-tokens 32] [--no-throughput]
+    python -m benchmarks.gpu_check [--max-tokens 32] [--no-throughput] [--model PATH_OR_ALIAS]
 
 On a CUDA device:
 1. the real model (SmolLM2-135M) through the engine with the Triton kernels, float32, greedy,
@@ -9,7 +9,9 @@ On a CUDA device:
    tokens are within TIE_TOL of each other is a near-tie, reported but not a failure;
 2. every Triton kernel against its torch twin at production shapes (benchmarks/gpu_check_kernels);
 3. decode throughput in bfloat16 at batch 1 and 32.
-Exits 1 on any mismatch, writes benchmarks/results/gpu_check.{json,md}.
+Exits 1 on any mismatch, writes benchmarks/results/gpu_check.{json,md}. `--model` takes another
+model (a lent machine receives at most 64 MiB: `python -m benchmarks.gguf_truncate` makes a
+smaller real-weights SmolLM2 with its first layers).
 
 Without CUDA it says so and exits 0: there is nothing to check on a CPU-only host (the kernels'
 CPU tests run them in Triton's interpreter instead, tests/kernels/).
@@ -99,10 +101,13 @@ def throughput(batch: int, prompt_tokens: int = 128, output_tokens: int = 128) -
 
 
 def main(argv: list[str] | None = None) -> int:
+    global MODEL
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--max-tokens", type=int, default=32, help="greedy tokens per prompt in the engine check")
     ap.add_argument("--no-throughput", action="store_true")
+    ap.add_argument("--model", default=MODEL, help="alias, .gguf file or model directory (default: SmolLM2-135M)")
     args = ap.parse_args(argv)
+    MODEL = args.model
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device on this host (torch.cuda.is_available() is False); nothing to check. "
               "Run it where a GPU is lent.")
@@ -120,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     speed = [] if args.no_throughput else [throughput(1), throughput(32)]
     ok = all(s.ok for s in seqs) and all(r.ok for r in kernels)
 
-    lines = [f"# GPU check: {name}, {time.strftime('%Y-%m-%d')}", "",
+    lines = [f"# GPU check: {name}, {time.strftime('%Y-%m-%d')}", "", f"Model: `{MODEL}`.", "",
              f"Result: **{'pass' if ok else 'MISMATCH'}**", "",
              f"## Engine, float32, greedy {args.max_tokens} tokens: CUDA + Triton vs CPU + torch references", "",
              "| prompt | tokens compared | max logprob err | diverged at | near-tie | ok |", "|---|---:|---:|---:|---|---|"]
@@ -133,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += [f"| {r['batch']} | {r['tokens']} | {fmt(r['seconds'], 2)} | {fmt(r['tok_s'])} |" for r in speed]
     table = "\n".join(lines)
     print(table)
-    write_results("gpu_check", {"env": environment(), "gpu": name, "ok": ok, "engine": [vars_of(s) for s in seqs],
+    write_results("gpu_check", {"env": environment(), "gpu": name, "model": MODEL, "ok": ok, "engine": [vars_of(s) for s in seqs],
                                 "kernels": [vars_of(r) for r in kernels], "throughput": speed}, table)
     return 0 if ok else 1
 

@@ -63,9 +63,17 @@ class Row:
     ok: bool
 
 
-def _compare(name: str, shape: str, got: torch.Tensor, want: torch.Tensor, *, gemm: bool = False) -> Row:
-    """allclose with the per-dtype tolerance; GEMMs are judged against the output's scale."""
-    atol, rtol = TOLERANCES[want.dtype]
+# FP8 tensor-core products (torch._scaled_mm) accumulate with less than float32's precision on Hopper:
+# a float32-output W8A8 GEMM (K = 576) erred 2.2e-4 of its output scale on an H100, against float32's
+# 1e-4. Judged at 1e-3 of the scale: still far inside the e4m3 rounding of its inputs (~6e-2).
+FP8_ACCUMULATION_RTOL = 1e-3
+
+
+def _compare(name: str, shape: str, got: torch.Tensor, want: torch.Tensor, *, gemm: bool = False,
+             rtol: float | None = None) -> Row:
+    """allclose with the per-dtype tolerance (or `rtol`); GEMMs are judged against the output's scale."""
+    atol, dtype_rtol = TOLERANCES[want.dtype]
+    rtol = dtype_rtol if rtol is None else max(rtol, dtype_rtol)
     diff = (got.float() - want.float()).abs()
     if gemm:  # a dot over K errs with the outputs' scale, not each output's size (see tests/kernels/helpers)
         atol = rtol * (float(want.float().abs().max()) or 1.0)
@@ -108,8 +116,8 @@ def _dtype_rows(s: Shapes, device: str, dt: torch.dtype, k: dict, gen: torch.Gen
     rows: list[Row] = []
 
     def case(name: str, shape: str, run: Callable[[], torch.Tensor], ref: Callable[[], torch.Tensor],
-             gemm: bool = False) -> None:
-        rows.append(_compare(name, shape, run(), ref(), gemm=gemm))
+             gemm: bool = False, rtol: float | None = None) -> None:
+        rows.append(_compare(name, shape, run(), ref(), gemm=gemm, rtol=rtol))
 
     t, h, d = s.tokens, s.hidden, s.head_dim
     x, res, w = rnd(t, h, dtype=dt), rnd(t, h, dtype=dt), rnd(h, dtype=dt)
@@ -171,7 +179,7 @@ def _dtype_rows(s: Shapes, device: str, dt: torch.dtype, k: dict, gen: torch.Gen
     if k["fp8_gemm"].w8a8_supported(device):
         case("fp8_w8a8_linear", f"{t}x{h} @ {s.intermediate}",
              lambda: k["fp8_gemm"].fp8_w8a8_linear(x, w8, w8_scale),
-             lambda: R.fp8_w8a8_linear_ref(x, w8, w8_scale), gemm=True)
+             lambda: R.fp8_w8a8_linear_ref(x, w8, w8_scale), gemm=True, rtol=FP8_ACCUMULATION_RTOL)
 
     qw, qz, sc = k["awq_layout"].awq_quantize(torch.randn(h, s.intermediate, generator=gen), s.awq_group)
     qw, qz, sc = qw.to(device), qz.to(device), sc.to(device)

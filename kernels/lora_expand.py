@@ -19,6 +19,7 @@ from kernels._launch import (
     check_shape,
     check_tensor,
     dot_block,
+    dot_precision,
     fail,
 )
 from kernels._lora_checks import check_segments, check_token_ids, max_segment_length
@@ -37,6 +38,7 @@ def _sgmv_expand_kernel(
     BLOCK_M: tl.constexpr,  # tokens per program
     BLOCK_N: tl.constexpr,  # output columns per program
     BLOCK_R: tl.constexpr,  # >= rank, >= 16
+    DOT_PRECISION: tl.constexpr,  # "ieee" for float32 weights (TF32 erred ~8e-3 on an H100), else "tf32"
 ):
     m_tile = tl.program_id(0)
     n_tile = tl.program_id(1)
@@ -58,7 +60,7 @@ def _sgmv_expand_kernel(
     buf = tl.load(buf_ptr + rows[:, None] * stride_buf_t + offs_r[None, :],
                   mask=mask_m[:, None] & mask_r[None, :], other=0.0)
     # Rank-sized activations go to the weight dtype so the dot runs on tensor cores, as in Punica.
-    delta = tl.dot(buf.to(b_t.dtype), b_t)
+    delta = tl.dot(buf.to(b_t.dtype), b_t, input_precision=DOT_PRECISION)
     y_ptrs = y_ptr + rows[:, None] * stride_y_t + col_offset + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
     y = tl.load(y_ptrs, mask=mask, other=0.0).to(tl.float32)
@@ -131,7 +133,8 @@ def sgmv_expand(
         y, buf, lora_b, seg_indptr, seg_lora_ids,
         y.stride(0), buf.stride(0), lora_b.stride(0), lora_b.stride(1),
         col_offset, out_features, rank,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=dot_block(rank), num_warps=4,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=dot_block(rank), DOT_PRECISION=dot_precision(lora_b.dtype),
+        num_warps=4,
     )
     return y
 
