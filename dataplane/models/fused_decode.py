@@ -13,7 +13,7 @@ twin: the same arithmetic one op at a time, kept for every other step.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +22,20 @@ from dataplane.quant.gguf import GgufLinear
 from kernels import gguf_cpu
 
 if TYPE_CHECKING:
-    from dataplane.models.llama import LlamaModel
+    from dataplane.models.config import LlamaArgs
     from dataplane.runner.attention import AttentionMetadata
+
+
+class DecoderModel(Protocol):
+    """What the fused step reads of models.llama.LlamaModel (not imported: llama builds this module's object)."""
+
+    args: LlamaArgs
+    layers: list[Any]  # DecoderLayer: input_norm, qkv_proj, o_proj, post_norm, gate_up_proj, down_proj
+    embed: torch.Tensor
+    rotary: Any  # models.layers.Rotary (its cos_sin table)
+    dtype: torch.dtype
+    device: torch.device
+    use_kernels: bool
 
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
@@ -31,7 +43,7 @@ _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 class FusedGgufDecode:
     """LlamaModel.hidden_states for decode-only steps; `build` says whether the model can have one."""
 
-    def __init__(self, model: LlamaModel) -> None:
+    def __init__(self, model: DecoderModel) -> None:
         a = model.args
         layers = model.layers
         projections = [getattr(layer, name) for layer in layers for name in _PROJECTIONS]
@@ -46,7 +58,7 @@ class FusedGgufDecode:
         self.max_rows = min(limits) if limits else None
 
     @staticmethod
-    def build(model: LlamaModel) -> FusedGgufDecode | None:
+    def build(model: DecoderModel) -> FusedGgufDecode | None:
         """The fused step for `model`, or None where it does not apply (not all projections in GGUF
         blocks, not the CPU torch path, a dtype other than float32 / bf16, or no compiled kernels)."""
         if (model.use_kernels or model.device.type != "cpu" or model.dtype not in (torch.float32, torch.bfloat16)

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "decode_math.h"
@@ -185,6 +186,9 @@ class GgufDecoder {
   torch::Tensor forward(const torch::Tensor& h_in, const torch::Tensor& positions, const torch::Tensor& slots,
                         const torch::Tensor& block_tables, const torch::Tensor& context_lens,
                         const std::vector<torch::Tensor>& key_caches, const std::vector<torch::Tensor>& value_caches) {
+    // The step buffers are this object's: a second caller (two engines sharing one loaded model, the
+    // GIL released) waits for the first rather than writing into its activations.
+    std::lock_guard<std::mutex> guard(mutex_);
     const int64_t layers = static_cast<int64_t>(norms_.size() / 2);
     TORCH_CHECK(h_in.dim() == 2 && h_in.size(1) == hidden_, "GgufDecoder: h must be [rows, ", hidden_, "]");
     const int64_t m = h_in.size(0);
@@ -346,6 +350,7 @@ class GgufDecoder {
   // Step buffers, reused: q/k/v, attention output, gate (then SwiGLU) and up outputs, per-thread scratch.
   std::vector<float> qkv_, attn_, act_, up_;
   std::vector<Scratch> scratch_;
+  std::mutex mutex_;
 };
 
 }  // namespace

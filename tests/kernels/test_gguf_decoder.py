@@ -206,3 +206,31 @@ def test_weights_that_do_not_fit_the_model_are_refused_at_build():
         gguf_cpu.decoder(blocks[:3], fmts[:3], *norms, model.rotary.cos_sin, **args)
     with pytest.raises(ValueError, match="Q4_0"):
         gguf_cpu.decoder(blocks, ["Q4_0", *fmts[1:]], *norms, model.rotary.cos_sin, **args)
+
+
+def test_two_threads_stepping_one_model_at_once_get_their_own_answers():
+    # Two engines may share one loaded model; the C++ step releases the GIL and keeps its buffers in
+    # the decoder object, so concurrent calls must not write into each other's activations.
+    import threading
+
+    model = _model(layers=2)
+    gen = torch.Generator().manual_seed(11)
+    blocks = 16
+    caches = [_caches(model, blocks, gen) for _ in range(2)]
+    steps = [_decode_step([n, n + 30], blocks, gen) for n in (9, 40)]
+    alone = [model.fused(ids, pos, meta, [(k.clone(), v.clone()) for k, v in c])
+             for (ids, pos, meta), c in zip(steps, caches, strict=True)]
+    results: list[list[torch.Tensor]] = [[], []]
+
+    def run(i: int) -> None:
+        ids, pos, meta = steps[i]
+        for _ in range(30):
+            results[i].append(model.fused(ids, pos, meta, [(k.clone(), v.clone()) for k, v in caches[i]]))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(2):
+        assert all(torch.equal(r, alone[i]) for r in results[i])
