@@ -111,11 +111,17 @@ inline void quantize_rows(const float* x, int64_t rows, int64_t k, bool pairs, Q
 
 // Eight fp16 values from p (fewer when `count` < 8: the rest read as zero).
 #ifdef TESSERA_AVX2
+// The tail (a row's last group of fewer than 8 blocks) is a masked load: 32-bit words that hold the
+// `count` halves (never touching memory past them, so never past the tensor's end), then the odd
+// half beyond `count` cleared. A copy through a zeroed stack buffer here made K = 576 rows (18 blocks:
+// a tail of 2 in every row) stream at 29 GB/s against 55 for K = 1536 (AVX-512 BF16 EPYC, 2 threads).
 inline __m256 load_halves(const uint8_t* p, int64_t count) {
   if (count >= 8) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  alignas(16) uint16_t tmp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  std::memcpy(tmp, p, static_cast<size_t>(count) * 2);
-  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(tmp)));
+  const int n = static_cast<int>(count);
+  const __m128i words = _mm_cmpgt_epi32(_mm_set1_epi32((n + 1) / 2), _mm_setr_epi32(0, 1, 2, 3));
+  const __m128i halves = _mm_cmpgt_epi16(_mm_set1_epi16(static_cast<int16_t>(n)), _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m128i v = _mm_maskload_epi32(reinterpret_cast<const int*>(p), words);
+  return _mm256_cvtph_ps(_mm_and_si128(v, halves));
 }
 
 inline float hsum(__m256 v) {
