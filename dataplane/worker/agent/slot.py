@@ -38,7 +38,7 @@ PERMANENT_ERRORS = (ValueError, TypeError, KeyError, FileNotFoundError, NotADire
 MODEL_CONFIG = ("dtype", "device", "max_model_len", "seed", "tensor_parallel_size", "compile_decode", "int4_dense_above")
 # quantization="gguf" keeps the file's 4-bit blocks for decode steps of up to this many rows (one fused
 # C++ call at batch 1) and a dense copy above, where the blocks' kernel is the slower: on a 2-core AVX-512
-# BF16 EPYC, 268 tok/s at batch 1 and 1057 at 32 concurrent, against 96 / 994 for bf16 alone
+# BF16 EPYC, 297 tok/s at batch 1 and 952 at 32 concurrent, against 94 / 931 for bf16 alone
 # (python -m benchmarks.decode_latency). A deployment's engine_args.int4_dense_above overrides it.
 GGUF_DENSE_ABOVE = 8
 CACHE_CONFIG = ("block_size", "kv_cache_memory", "enable_prefix_caching")
