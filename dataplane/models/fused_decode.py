@@ -37,6 +37,7 @@ class DecoderModel(Protocol):
     device: torch.device
     use_kernels: bool
 
+
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
