@@ -35,67 +35,12 @@
 
 namespace {
 
+using tessera_gguf::Proj;
+using tessera_gguf::project;
+using tessera_gguf::project_from;
 using tessera_gguf::QuantizedRows;
 using tessera_gguf::quantize_rows;
-
-constexpr int ROWS = 4;              // weight rows computed side by side (gguf_dot's kernels)
-constexpr int64_t PREFETCH_AHEAD = 2;  // row groups prefetched ahead, as gguf_matmul.cpp measured
-
-struct Proj {
-  const uint8_t* w = nullptr;
-  int64_t out = 0, in = 0, row_bytes = 0;
-  bool q4_1 = true;
-};
-
-// Rows [n0, n0 + ROWS) of p (those that exist) towards L2. Written without an early `if`: GCC 12
-// at -O1 and above dropped the whole prefetch when it was guarded by `n0 + ROWS <= p.out`, and
-// every projection of the fused step then streamed at a third of the per-op kernel's speed.
-inline void prefetch_rows(const Proj& p, int64_t n0) {
-#ifdef TESSERA_AVX2
-  const int64_t bytes = std::min<int64_t>(ROWS, p.out - n0) * p.row_bytes;
-  const char* ahead = reinterpret_cast<const char*>(p.w + n0 * p.row_bytes);
-  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T1);
-#else
-  (void)p;
-  (void)n0;
-#endif
-}
-
-inline void dot_rows(const Proj& p, const uint8_t* const* rows, const QuantizedRows& xq, int64_t r, float* res) {
-  if (p.q4_1) {
-    tessera_gguf::dot_q4_1<ROWS>(rows, xq, r, res);
-  } else {
-    tessera_gguf::dot_q8_0<ROWS>(rows, xq, r, res);
-  }
-}
-
-// The rows of group n0 from `base` on; past `last` the group repeats it (computed, not stored).
-inline void row_pointers(const Proj& p, int64_t base, int64_t last, int64_t n0, const uint8_t** rows) {
-  for (int i = 0; i < ROWS; ++i) rows[i] = p.w + (base + std::min(n0 + i, last)) * p.row_bytes;
-}
-
-// Row groups [g0, g1) of p's rows from `base` on (up to p.out) against the quantized rows xq:
-// store(r, n, value) for each output n counted from `base`.
-template <typename Store>
-void project_from(const Proj& p, int64_t base, const QuantizedRows& xq, int64_t g0, int64_t g1, Store&& store) {
-  float res[ROWS];
-  const uint8_t* rows[ROWS];
-  const int64_t count = p.out - base;
-  for (int64_t g = g0; g < g1; ++g) {
-    const int64_t n0 = g * ROWS;
-    if (g + PREFETCH_AHEAD < g1) prefetch_rows(p, base + n0 + PREFETCH_AHEAD * ROWS);
-    row_pointers(p, base, count - 1, n0, rows);
-    for (int64_t r = 0; r < xq.rows; ++r) {
-      dot_rows(p, rows, xq, r, res);
-      for (int i = 0; i < ROWS && n0 + i < count; ++i) store(r, n0 + i, res[i]);
-    }
-  }
-}
-
-template <typename Store>
-void project(const Proj& p, const QuantizedRows& xq, int64_t g0, int64_t g1, Store&& store) {
-  project_from(p, 0, xq, g0, g1, store);
-}
+using tessera_gguf::ROWS;
 
 // gate[i] = silu(gate[i]) * up[i] = gate / (1 + e^-gate) * up.
 inline void swiglu(float* gate, const float* up, int64_t n) {
@@ -227,7 +172,7 @@ class GgufDecoder {
                     tp[r * width + b], " out of range");
       }
     }
-    torch::Tensor hf = h_in.to(torch::kFloat32).contiguous().clone();
+    torch::Tensor hf = h_in.to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true).contiguous();  // updated in place
     const int64_t qkv_out = (heads_ + 2 * kv_heads_) * d_;
     qkv_.resize(static_cast<size_t>(m * qkv_out));
     attn_.resize(static_cast<size_t>(m * heads_ * d_));

@@ -12,8 +12,8 @@
 // fp16 scales, then its fp16 minimums): eight blocks' scales convert with one F16C instruction and
 // two Q4_1 blocks' nibbles load as 32 bytes, against activations stored pair by pair to match.
 // Four weight rows run side by side (independent accumulators, one activation load for all), and
-// the rows two groups ahead are prefetched: streaming the 49152 x 576 Q8_0 head at batch 1 (AVX2
-// EPYC, 2 threads) went from 2.2-2.7 ms to 0.87-0.91 ms, 34 GB/s; four groups ahead was no better.
+// the rows two groups ahead are prefetched: gguf_dot.h's project_from, the loop gguf_decoder.cpp
+// runs too (the measurements are beside it).
 // kernels/reference.py (gguf_q4_1_linear_ref, gguf_q8_0_linear_ref) is the same arithmetic in
 // torch; tests/kernels/test_cpu_kernels.py holds them together.
 
@@ -34,11 +34,6 @@ namespace {
 
 using namespace tessera_gguf;
 
-// Weight rows computed side by side: independent accumulator chains, one activation load for all.
-constexpr int ROWS = 4;
-#ifndef PREFETCH_GROUPS
-#define PREFETCH_GROUPS 2
-#endif
 // Row groups per parallel task: a task then streams tens of KB of weights (a thread wake-up costs
 // microseconds), and 2-16 threads still share even a 192-row k projection.
 constexpr int64_t GRAIN = 8;
@@ -63,32 +58,11 @@ torch::Tensor gguf_linear(const torch::Tensor& x, const torch::Tensor& blocks, i
 
   auto y = torch::empty({m, out_features}, xf.options());
   float* out = y.data_ptr<float>();
-  const uint8_t* w = blocks.data_ptr<uint8_t>();
+  const Proj p{blocks.data_ptr<uint8_t>(), out_features, in_features, row_bytes, q4_1};
   const QuantizedRows& xr = xq;  // the workers read the caller's buffers
+  // Each task's weight rows stay in L1 while every activation row passes over them.
   at::parallel_for(0, (out_features + ROWS - 1) / ROWS, GRAIN, [&](int64_t begin, int64_t end) {
-    float res[ROWS];
-    const uint8_t* rows[ROWS];
-    for (int64_t gidx = begin; gidx < end; ++gidx) {
-      const int64_t n0 = gidx * ROWS;
-      // Past the last row the group repeats it (computed, not stored).
-      for (int i = 0; i < ROWS; ++i) rows[i] = w + std::min(n0 + i, out_features - 1) * row_bytes;
-#ifdef TESSERA_AVX2
-      // A group PREFETCH_GROUPS ahead, into L2 while this one computes (rows are contiguous).
-      if (n0 + (PREFETCH_GROUPS + 1) * ROWS <= out_features) {
-        const uint8_t* ahead = w + (n0 + PREFETCH_GROUPS * ROWS) * row_bytes;
-        for (int64_t off = 0; off < ROWS * row_bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T1);
-      }
-#endif
-      // The group's weight rows stay in L1 while every activation row passes over them.
-      for (int64_t r = 0; r < m; ++r) {
-        if (q4_1) {
-          dot_q4_1<ROWS>(rows, xr, r, res);
-        } else {
-          dot_q8_0<ROWS>(rows, xr, r, res);
-        }
-        for (int i = 0; i < ROWS && n0 + i < out_features; ++i) out[r * out_features + n0 + i] = res[i];
-      }
-    }
+    project(p, xr, begin, end, [&](int64_t r, int64_t n, float v) { out[r * out_features + n] = v; });
   });
   return x.scalar_type() == torch::kFloat32 ? y : y.to(x.scalar_type());
 }

@@ -94,7 +94,6 @@ def test_a_gguf_model_gets_the_fused_step_and_others_do_not():
     model.use_cpu_ops(True)
     assert model.fused is not None
     dense = _model()
-    dense.layers[0].o_proj = _proj(96, 96, "Q4_1", torch.Generator().manual_seed(0))
     dense.layers[1].down_proj = torch.nn.Linear(160, 96, bias=False)  # one projection not in blocks
     dense.use_cpu_ops(True)
     assert dense.fused is None
@@ -138,7 +137,6 @@ def test_fused_step_in_bfloat16_is_nearer_float32_than_the_per_op_path():
     slots = meta.slot_mapping
     for (kf, _), (kx, _) in zip(c_fused, caches, strict=True):  # the written rows, to bf16's precision
         written, want = kf.flatten(0, 1)[slots].float(), kx.flatten(0, 1)[slots]
-        assert not torch.equal(written, kf.flatten(0, 1)[slots + 1].float())
         assert float((written - want).norm() / want.norm()) < 0.02
 
 
