@@ -403,7 +403,7 @@ async def _buffered(upstream_response, worker, parsed, meter: Meter, request_id:
 
 def _streaming(upstream_response, worker, parsed, meter: Meter, request_id: str, headers: dict) -> StreamingHttpResponse:
     stream = StreamMeter(kind=parsed.kind, strip_usage=not parsed.wants_usage, keep_text=meter.logs_content)
-    state = {"closed": False, "completed": False, "broken": False}
+    state = {"closed": False, "broken": False}
 
     async def close() -> None:
         if state["closed"]:
@@ -413,7 +413,10 @@ def _streaming(upstream_response, worker, parsed, meter: Meter, request_id: str,
         # Closing the upstream response drops the worker connection, which cancels the request there.
         await _close_quietly(upstream_response)
         counts = usage_counts(stream.usage)
-        ok = state["completed"] and stream.done and stream.error is None
+        # [DONE] relayed is a whole answer even when the client (the openai SDK does) closes before the
+        # worker's body ends: feed() and the yield of its bytes have no await between them, so a relay
+        # closed with `stream.done` set was closed at or after handing [DONE] on.
+        ok = stream.done and stream.error is None and not state["broken"]
         resolve = None
         if counts is not None and ok:
             prompt, cached, completion = counts
@@ -442,7 +445,6 @@ def _streaming(upstream_response, worker, parsed, meter: Meter, request_id: str,
             rest = stream.flush()
             if rest:
                 yield rest
-            state["completed"] = True
         except httpx.HTTPError as exc:  # the worker went away mid-stream: tell the client, in-band
             state["broken"] = True
             log.warning("upstream stream broke", extra={"request_id": request_id, "error": repr(exc)})

@@ -49,6 +49,7 @@ class FakeWorker:
     usage: dict[str, dict] = field(default_factory=dict)  # request id -> {"state", counts}: the usage route
     forget_usage: bool = False  # answer the usage route with 404 (a worker that restarted)
     tokens_per_event: int = 1  # tokens each stream event carries (a stop string holding text back sends several)
+    linger_after_done: float = 0.0  # seconds between a stream's [DONE] and the end of its body
 
     def release(self) -> None:
         if self.hold is not None:
@@ -59,6 +60,7 @@ class FakeWorker:
         self.usage.clear()
         self.forget_usage = False
         self.tokens_per_event = 1
+        self.linger_after_done = 0.0
         self.release()
         self.hold = None
         self.received.clear()
@@ -192,7 +194,11 @@ class FakeWorker:
                 events.append({**base, "choices": [], "usage": _usage(n_tokens)})
             frame = _frame(n_tokens) if accounting else b""
             data = b"".join(frame + b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
-            await send({"type": "http.response.body", "body": data + frame + b"data: [DONE]\n\n", "more_body": False})
+            await send({"type": "http.response.body", "body": data + frame + b"data: [DONE]\n\n",
+                        "more_body": bool(self.linger_after_done)})
+            if self.linger_after_done:  # a client that stops reading at [DONE] may leave before the body ends
+                await asyncio.sleep(self.linger_after_done)
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
             self.finished.append(rid)
             self.usage[rid] = {"state": "finished", "status": "ok", **_counts(n_tokens)}
         finally:

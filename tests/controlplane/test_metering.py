@@ -59,6 +59,27 @@ def test_partial_stream_is_billed_the_tokens_the_worker_generated_not_the_deltas
     assert (event.prompt_tokens, event.cached_tokens) == (PROMPT_TOKENS, CACHED_TOKENS)  # the worker's, not an estimate
 
 
+def test_a_client_that_leaves_right_after_done_got_the_whole_answer(live_gateway, tenant_key, workers):
+    # The worker's body ends a moment after its [DONE]; a client (the openai SDK) that closes at [DONE]
+    # was served in full: ok and 200 with the stream's own usage, not a 499 "partial".
+    _, secret = tenant_key.sync()
+    for w in workers:
+        w.linger_after_done = 1.0
+    with httpx.Client(timeout=10) as client:
+        with client.stream("POST", f"{live_gateway}/v1/chat/completions", json={**CHAT, "max_tokens": 5, "stream": True},
+                           headers={"Authorization": f"Bearer {secret}"}) as response:
+            for line in response.iter_lines():
+                if line == "data: [DONE]":
+                    break
+            else:
+                raise AssertionError("no [DONE]")
+            request_id = response.headers["x-request-id"]
+    wait_for(lambda: len(sink.EVENTS) == 1)
+    (event,) = sink.EVENTS
+    assert event.request_id == request_id and (event.status, event.http_status) == ("ok", 200)
+    assert (event.prompt_tokens, event.completion_tokens) == (PROMPT_TOKENS, 5)
+
+
 def test_a_worker_that_cannot_say_leaves_the_counts_of_the_last_relayed_event(live_gateway, tenant_key, workers):
     _, secret = tenant_key.sync()
     for w in workers:

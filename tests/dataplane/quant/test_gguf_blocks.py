@@ -63,8 +63,9 @@ def test_a_dense_copy_answers_above_the_threshold():
     proj = loaded.model.layers[0].gate_up_proj
     x_small, x_big = torch.randn(2, 576), torch.randn(6, 576)
     dense = proj.dense_weight()
-    # the dense copy gives the float product exactly; the kernel (8-bit activations) close to it
-    torch.testing.assert_close(proj(x_big), x_big @ dense.t())
+    # the dense copy gives the float product up to summation order (its GEMM may be a prepacked one);
+    # the kernel (8-bit activations) only close to it, two orders of magnitude further off
+    torch.testing.assert_close(proj(x_big), x_big @ dense.t(), rtol=1e-4, atol=1e-4)
     assert not torch.equal(proj(x_small), x_small @ dense.t())
     expected = x_small @ dense.t()
     assert float((proj(x_small) - expected).abs().max()) < 0.03 * float(expected.abs().max())
