@@ -228,17 +228,25 @@ class ModelRunner:
         constrained = [i for i, rid in enumerate(sampled) if self.states[rid].params.structured is not None]
         if not constrained:
             return None
+        if self.structured is None:
+            done: Future = Future()
+            done.set_result((None, [], {sampled[i]: "structured outputs are not enabled on this engine"
+                                        for i in constrained}))
+            return done
+        # Allocated here, on the engine thread: from 22 rows up the fill is a parallel torch op, and one
+        # run on the mask thread gives that thread an OpenMP pool of its own for good, which throttles
+        # every later step's barriers (passing_thread.py): batch-1 decode fell from 47 to 32 tok/s after
+        # one 32-row structured step, for the engine's life (SmolLM2 bf16, 2 threads, AMD EPYC).
+        bitmask = self.structured.allocate_bitmask(len(sampled))
         if self._grammar_pool is None:
             self._grammar_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
-        return self._grammar_pool.submit(self._fill_masks, sampled, constrained)
+        return self._grammar_pool.submit(self._fill_masks, bitmask, sampled, constrained)
 
-    def _fill_masks(self, sampled: list[str], constrained: list[int]) -> tuple[object, list[int], dict[str, str]]:
-        """(bitmask, rows it masks, failures): a matcher that cannot be built fails its request."""
+    def _fill_masks(self, bitmask, sampled: list[str], constrained: list[int]) -> tuple[object, list[int], dict[str, str]]:
+        """(bitmask, rows it masks, failures): a matcher that cannot be built fails its request.
+        Runs no torch op (xgrammar writes the rows itself), so this thread never starts an OpenMP pool."""
         start = time.perf_counter()
         failed: dict[str, str] = {}
-        if self.structured is None:
-            return None, [], {sampled[i]: "structured outputs are not enabled on this engine" for i in constrained}
-        bitmask = self.structured.allocate_bitmask(len(sampled))
         masked = []
         for i in constrained:
             st = self.states[sampled[i]]
