@@ -1,8 +1,10 @@
 """The CPU kernels' C++ extension (kernels/cpu/*.cpp), compiled on first use and cached.
 
 Torch's extension builder compiles them (g++ and ninja; about 30 s once, more on a busy host) for
-this CPU (`-march=native`) into ``TESSERA_CACHE_DIR`` (default ~/.cache/tessera)/cpu_kernels/<tag>,
-where the tag hashes the CPU's model and flags, the sources, their directory and torch's version:
+this CPU (`-march=native`; ``TESSERA_CPU_ARCH`` names another target, e.g. ``x86-64-v2`` to build
+the portable loops an AVX2-less or ARM host runs) into ``TESSERA_CACHE_DIR`` (default
+~/.cache/tessera)/cpu_kernels/<tag>, where the tag hashes the CPU's model and flags, the target, the
+sources, their directory and torch's version:
 a cache shared between different hosts never runs instructions one of them lacks, and an edited
 source rebuilds. Where no compiler, headers or ninja are found, or ``TESSERA_CPU_KERNELS=0``,
 ``extension()`` is None and says why once in the log; every caller then keeps its torch path.
@@ -28,6 +30,10 @@ SOURCES = ("bindings.cpp", "gguf_matmul.cpp", "decode_ops.cpp", "gguf_decoder.cp
 _lock = threading.Lock()
 
 
+def _arch() -> str:
+    return os.environ.get("TESSERA_CPU_ARCH") or "native"
+
+
 def _tag() -> str:
     cpu = ""
     try:
@@ -39,6 +45,7 @@ def _tag() -> str:
     except OSError:
         cpu = os.uname().machine
     digest = hashlib.sha256(cpu.encode())
+    digest.update(_arch().encode())
     # and the checkout: torch's builder names the sources by path in its build file, so two checkouts
     # sharing one directory would rebuild it for each other, 30-80 s every time
     digest.update(str(SOURCE_DIR).encode())
@@ -74,7 +81,7 @@ def extension() -> ModuleType | None:
                 name="tessera_cpu_kernels", sources=[str(SOURCE_DIR / n) for n in SOURCES],
                 build_directory=str(build), verbose=False,
                 # -fopenmp: at::parallel_for is a header template; without it every loop runs on one thread.
-                extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
+                extra_cflags=["-O3", f"-march={_arch()}", "-fopenmp"], extra_ldflags=["-fopenmp"])
     except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, no headers: callers keep their torch path
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         log.warning("C++ CPU kernels unavailable (%s: %s); the torch paths run instead", type(exc).__name__, first)
