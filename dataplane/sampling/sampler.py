@@ -1,8 +1,16 @@
 """Turn a step's logits into tokens: penalties, temperature, top-k / top-p / min-p, seeds, logprobs.
 
+The whole batch is sampled with a few tensor ops on the logits' device, whatever mix of parameters
+its rows carry (`SamplingBatch`: one array per parameter, a value per row, decided on the host with
+numpy so no decision waits for the device); the only per-row Python left is for rows that ask for
+something only they need (penalties, logit bias, logprobs' results). Rows with a top-k draw among
+their top-k candidates only (one `topk` instead of a sort of the vocabulary), with top-p and min-p
+applied to those candidates exactly as over the whole vocabulary. The tokens come back to the host in
+one copy.
+
 Sampling uses the exponential race (argmax of p / q with q ~ Exp(1)), which equals drawing from p.
-A seeded request draws its noise from a generator seeded by (seed, output index), so its tokens do
-not depend on its batch mates nor on whether it was preempted and recomputed.
+A seeded request's noise is a hash of (seed, output index, token id) (sampling/noise.py), so its
+tokens depend neither on its batch mates nor on whether it was preempted and recomputed.
 """
 
 from __future__ import annotations
@@ -10,8 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from dataplane.sampling.noise import seeded_noise, seeded_noise_at
+from dataplane.sampling.penalties import apply_penalties
 from dataplane.sampling_params import SamplingParams
 from dataplane.scheduler.output import TokenLogprobs
 
@@ -38,15 +49,67 @@ class SamplingRow:
         return len(self.token_ids) - self.num_prompt_tokens
 
 
-def _seeded_noise(seed: int, index: int, vocab: int) -> torch.Tensor:
-    g = torch.Generator()
-    g.manual_seed((seed * 0x9E3779B97F4A7C15 + index) & 0x7FFF_FFFF_FFFF_FFFF)
-    return torch.empty(vocab).exponential_(generator=g)
+@dataclass(slots=True)
+class SamplingBatch:
+    """A step's sampling parameters, one entry per logits row, as host (numpy) arrays."""
+
+    temperature: np.ndarray  # [R] float32; 0 is greedy
+    top_k: np.ndarray | None = None  # [R] int64, 0: off; None when no row uses it
+    top_p: np.ndarray | None = None  # [R] float32, 1: off; None when no row uses it
+    min_p: np.ndarray | None = None  # [R] float32, 0: off; None when no row uses it
+    seeds: np.ndarray | None = None  # [R] int64, -1: unseeded; None when no row is seeded
+    output_index: np.ndarray | None = None  # [R] int64 tokens generated so far (with seeds)
+    logprobs: list[tuple[int, int]] | None = None  # (row, alternatives) for rows that want logprobs
+    # (rows, token ids, values): logit_bias entries of every biased row, flattened
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    penalties: list[tuple[int, SamplingRow]] | None = None  # rows with penalties and their tokens
+    all_greedy: bool = False  # every row greedy and nothing else asked: argmax alone
+
+    @staticmethod
+    def from_rows(rows: list[SamplingRow]) -> SamplingBatch:
+        """The batch for rows described one by one (tests, speculative verification steps)."""
+        ps = [r.params for r in rows]
+        batch = SamplingBatch(np.array([p.temperature for p in ps], dtype=np.float32))
+        if any(p.top_k > 0 for p in ps):
+            batch.top_k = np.array([max(p.top_k, 0) for p in ps], dtype=np.int64)
+        if any(p.top_p < 1.0 for p in ps):
+            batch.top_p = np.array([p.top_p for p in ps], dtype=np.float32)
+        if any(p.min_p > 0 for p in ps):
+            batch.min_p = np.array([p.min_p for p in ps], dtype=np.float32)
+        if any(p.seed is not None for p in ps):
+            batch.seeds = np.array([-1 if p.seed is None else p.seed for p in ps], dtype=np.int64)
+            batch.output_index = np.array([r.output_index for r in rows], dtype=np.int64)
+        batch.logprobs = [(i, p.logprobs) for i, p in enumerate(ps) if p.logprobs is not None] or None
+        batch.bias = bias_entries([(i, p.logit_bias) for i, p in enumerate(ps) if p.logit_bias])
+        batch.penalties = [(i, r) for i, r in enumerate(rows) if r.params.needs_penalties] or None
+        batch.all_greedy = all(p.greedy for p in ps) and not batch.bias and not batch.penalties
+        return batch
+
+
+def bias_entries(biased: list[tuple[int, dict[int, float]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """logit_bias of the rows that have one, as index and value tensors."""
+    if not biased:
+        return None
+    rows = [i for i, bias in biased for _ in bias]
+    tokens = [t for _, bias in biased for t in bias]
+    values = [v for _, bias in biased for v in bias.values()]
+    return (torch.tensor(rows, dtype=torch.long), torch.tensor(tokens, dtype=torch.long),
+            torch.tensor(values, dtype=torch.float32))
+
+
+# Rows whose top_k is at most this draw among their top_k candidates (one topk); larger ones, and rows
+# without a top_k, sort the vocabulary when they have a top_p.
+TOPK_CANDIDATES = 1024
+
+
+def _up(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    return t if device.type == "cpu" else t.pin_memory().to(device, non_blocking=True)
 
 
 class Sampler:
-    def __init__(self, seed: int = 0) -> None:
-        self.generator = torch.Generator()
+    def __init__(self, seed: int = 0, device: torch.device | str = "cpu") -> None:
+        self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow],
@@ -55,91 +118,133 @@ class Sampler:
         """`constrain` masks disallowed tokens of some rows to -inf in place (structured outputs).
         Logprobs are the model's own, taken before logit_bias, the mask and penalties (as vLLM's
         default)."""
+        return self.sample(logits, SamplingBatch.from_rows(rows), constrain)
+
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch,
+               constrain: Callable[[torch.Tensor], None] | None = None,
+               ) -> tuple[list[int], list[TokenLogprobs | None]]:
+        tokens, raw = self.sample_tensor(logits, batch, constrain)
+        token_list = tokens.tolist()  # the step's one device -> host copy of its tokens
+        return token_list, self.logprobs(raw, batch, token_list)
+
+    def sample_tensor(self, logits: torch.Tensor, batch: SamplingBatch,
+                      constrain: Callable[[torch.Tensor], None] | None = None,
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The sampled token of every row as a tensor on the logits' device (nothing copied to the host),
+        and the raw log-softmax of the rows that want logprobs (in batch.logprobs' order)."""
         logits = logits.float()
-        num_rows, vocab = logits.shape
-        want_logprobs = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
-        raw_logprobs = torch.log_softmax(logits[want_logprobs], dim=-1) if want_logprobs else None
-        biased = [i for i, r in enumerate(rows) if r.params.logit_bias]
-        if biased:
+        device = logits.device
+        raw = None
+        if batch.logprobs:
+            raw = torch.log_softmax(logits[_up(np.array([i for i, _ in batch.logprobs]), device)], dim=-1)
+        if batch.all_greedy and constrain is None:
+            return logits.argmax(dim=-1), raw
+        if batch.bias is not None or constrain is not None or batch.penalties:
             logits = logits.clone()  # the model's output is an inference tensor: no in-place updates
-        for i in biased:
-            bias = rows[i].params.logit_bias
-            logits[i, list(bias)] += torch.tensor(list(bias.values()), dtype=logits.dtype)
+        if batch.bias is not None:
+            rows, ids, values = (t.to(device, non_blocking=True) for t in batch.bias)
+            logits.index_put_((rows, ids), values, accumulate=True)
         if constrain is not None:
             constrain(logits)
+        if batch.penalties:
+            apply_penalties(logits, batch.penalties, logits.shape[1])
+        random = np.flatnonzero(batch.temperature > 0)  # decided on the host: no sync with the device
+        if batch.all_greedy or not len(random):
+            return logits.argmax(dim=-1), raw
+        every = len(random) == len(batch.temperature)
+        pick = (lambda a: a) if every else (lambda a: a[random])
+        on = None if every else _up(random, device)
+        scaled = (logits if every else logits[on]) / _up(pick(batch.temperature), device)[:, None]
+        drawn = self._draw(scaled, *(None if a is None else pick(a) for a in
+                                     (batch.top_k, batch.top_p, batch.min_p, batch.seeds, batch.output_index)))
+        if every:
+            return drawn, raw
+        tokens = logits.argmax(dim=-1)
+        tokens[on] = drawn
+        return tokens, raw
 
-        penalised = [i for i, r in enumerate(rows) if r.params.needs_penalties]
-        if penalised:
-            logits = logits.clone()
-            for i in penalised:
-                self._apply_penalties(logits[i], rows[i], vocab)
-
-        tokens = torch.empty(num_rows, dtype=torch.long)
-        greedy = [i for i, r in enumerate(rows) if r.params.greedy]
-        if greedy:
-            tokens[greedy] = logits[greedy].argmax(dim=-1)
-        random = [i for i, r in enumerate(rows) if not r.params.greedy]
-        if random:
-            tokens[random] = self._sample(logits[random], [rows[i] for i in random])
-
-        token_list = tokens.tolist()
-        out_logprobs: list[TokenLogprobs | None] = [None] * num_rows
-        for j, i in enumerate(want_logprobs):
-            lp = raw_logprobs[j]
-            k = rows[i].params.logprobs
-            top = []
-            if k:
-                values, ids = lp.topk(k)
-                top = list(zip(ids.tolist(), values.tolist(), strict=True))
-            out_logprobs[i] = TokenLogprobs(token_list[i], float(lp[token_list[i]]), top)
-        return token_list, out_logprobs
-
-    @staticmethod
-    def _apply_penalties(row: torch.Tensor, r: SamplingRow, vocab: int) -> None:
-        p = r.params
-        if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(r.prompt_token_ids) | set(r.output_token_ids)), dtype=torch.long)
-            if seen.numel():
-                vals = row[seen]
-                row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-        outputs = r.output_token_ids
-        if (p.presence_penalty or p.frequency_penalty) and outputs:
-            counts = torch.bincount(torch.tensor(outputs, dtype=torch.long), minlength=vocab)[:vocab]
-            row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
-
-    def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        n, vocab = logits.shape
-        temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32)
-        logits = logits / temps[:, None]
-        top_ks = [r.params.top_k if r.params.top_k > 0 else vocab for r in rows]
-        top_ps = [r.params.top_p for r in rows]
-        if any(k < vocab for k in top_ks) or any(p < 1.0 for p in top_ps):
-            logits = _top_k_top_p(logits, torch.tensor(top_ks), torch.tensor(top_ps, dtype=torch.float32))
-        probs = torch.softmax(logits, dim=-1)
-        min_ps = torch.tensor([r.params.min_p for r in rows], dtype=torch.float32)
-        if bool((min_ps > 0).any()):
-            floor = probs.max(dim=-1, keepdim=True).values * min_ps[:, None]
+    def _draw(self, scaled: torch.Tensor, top_k: np.ndarray | None, top_p: np.ndarray | None,
+              min_p: np.ndarray | None, seeds: np.ndarray | None, index: np.ndarray | None) -> torch.Tensor:
+        """One draw per row of temperature-scaled logits under top-k / top-p / min-p and seeds."""
+        device, vocab = scaled.device, scaled.shape[1]
+        top_k = top_k if top_k is not None and top_k.any() else None
+        top_p = top_p if top_p is not None and (top_p < 1.0).any() else None
+        min_p = min_p if min_p is not None and min_p.any() else None
+        seeded = np.flatnonzero(seeds >= 0) if seeds is not None else []
+        if top_k is not None and top_k.all() and top_k.max() <= TOPK_CANDIDATES:
+            return self._draw_candidates(scaled, top_k, top_p, min_p, seeds, index, seeded)
+        if top_k is not None or top_p is not None:
+            scaled = _top_k_top_p(scaled, None if top_k is None else _up(top_k, device),
+                                  None if top_p is None else _up(top_p, device))
+        probs = torch.softmax(scaled, dim=-1)
+        if min_p is not None:
+            floor = probs.max(dim=-1, keepdim=True).values * _up(min_p, device)[:, None]
             probs = torch.where(probs < floor, torch.zeros_like(probs), probs)
-        noise = torch.empty_like(probs)
-        unseeded = [i for i, r in enumerate(rows) if r.params.seed is None]
-        if unseeded:
-            noise[unseeded] = torch.empty((len(unseeded), vocab)).exponential_(generator=self.generator)
-        for i, r in enumerate(rows):
-            if r.params.seed is not None:
-                noise[i] = _seeded_noise(r.params.seed, r.output_index, vocab)
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        if len(seeded):
+            noise[_up(seeded, device)] = seeded_noise(_up(seeds[seeded], device), _up(index[seeded], device), vocab)
         return (probs / noise).argmax(dim=-1)
 
+    def _draw_candidates(self, scaled: torch.Tensor, top_k: np.ndarray, top_p: np.ndarray | None,
+                         min_p: np.ndarray | None, seeds: np.ndarray | None, index: np.ndarray | None,
+                         seeded: np.ndarray) -> torch.Tensor:
+        """_draw for rows that all have a small top_k: among the top-k candidates (sorted, from one topk),
+        top-p's mass measured over the whole vocabulary and min-p against the best candidate, as the
+        full-vocabulary path does; the noise drawn (or hashed, for seeds) at the candidates only."""
+        device = scaled.device
+        k = int(min(top_k.max(), scaled.shape[1]))
+        values, ids = scaled.topk(k, dim=-1)  # sorted, best first
+        drop = None
+        if (top_k < k).any():
+            drop = torch.arange(k, device=device)[None, :] >= _up(top_k, device)[:, None]
+        if top_p is not None:
+            probs = torch.exp(values - torch.logsumexp(scaled, dim=-1, keepdim=True))
+            over = (probs.cumsum(dim=-1) - probs) >= _up(top_p, device)[:, None]  # the mass before reaches top_p
+            over[:, 0] = False
+            drop = over if drop is None else drop | over
+        if min_p is not None:
+            low = values < values[:, :1] + torch.log(_up(min_p, device))[:, None]
+            drop = low if drop is None else drop | low
+        weights = torch.exp(values - values[:, :1])
+        if drop is not None:
+            weights = weights.masked_fill(drop, 0.0)
+        noise = torch.empty_like(weights).exponential_(generator=self.generator)
+        if len(seeded):
+            rows = _up(seeded, device)
+            noise[rows] = seeded_noise_at(_up(seeds[seeded], device), _up(index[seeded], device), ids[rows])
+        choice = (weights / noise).argmax(dim=-1, keepdim=True)
+        return ids.gather(1, choice).squeeze(1)
 
-def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask logits outside each row's top-k and top-p nucleus (the most likely token always stays)."""
+    @staticmethod
+    def logprobs(raw: torch.Tensor | None, batch: SamplingBatch, tokens: list[int]) -> list[TokenLogprobs | None]:
+        """TokenLogprobs for the rows that asked (the model's raw log-softmax), None for the others."""
+        out: list[TokenLogprobs | None] = [None] * len(tokens)
+        if not batch.logprobs or raw is None:
+            return out
+        picked = raw.gather(1, torch.tensor([tokens[i] for i, _ in batch.logprobs], dtype=torch.long,
+                                            device=raw.device)[:, None]).flatten().tolist()
+        k = max(n for _, n in batch.logprobs)
+        top_values, top_ids = (raw.topk(k, dim=-1) if k else (raw[:, :0], raw[:, :0].long()))
+        top_values, top_ids = top_values.tolist(), top_ids.tolist()
+        for j, (i, n) in enumerate(batch.logprobs):
+            out[i] = TokenLogprobs(tokens[i], picked[j], list(zip(top_ids[j][:n], top_values[j][:n], strict=True)))
+        return out
+
+
+def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """Mask logits outside each row's top-k and top-p nucleus (the most likely token always stays).
+    top_k 0 (or >= vocab) and top_p 1 leave a row whole."""
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     vocab = logits.shape[-1]
-    ranks = torch.arange(vocab)[None, :]
-    drop = ranks >= top_k[:, None]
-    probs = sorted_logits.softmax(dim=-1)
-    # Drop a token when the mass before it already reaches top_p.
-    mass_before = probs.cumsum(dim=-1) - probs
-    drop |= mass_before >= top_p[:, None]
+    drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if top_k is not None:
+        k = torch.where(top_k > 0, top_k, vocab)
+        drop |= torch.arange(vocab, device=logits.device)[None, :] >= k[:, None]
+    if top_p is not None:
+        probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the mass before it already reaches top_p.
+        mass_before = probs.cumsum(dim=-1) - probs
+        drop |= mass_before >= top_p[:, None]
     drop[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(drop, _MASK)
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
