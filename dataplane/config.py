@@ -142,6 +142,10 @@ class SchedulerConfig:
     fair_share: bool = True
     fair_share_input_weight: float = 1.0
     fair_share_output_weight: float = 2.0  # the paper's choice: a decode step costs more than a prefill token
+    # Overlapped scheduling (engine/core.py): step N+1 is scheduled and launched while step N's tokens are
+    # still on the device; their host work (the scheduler's update, outputs) follows the launch. None:
+    # on a CUDA device (a CPU's forward runs in the calling thread, so there is nothing to overlap).
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -194,6 +198,10 @@ class ModelConfig:
     # ranks the model is split across (dataplane/distributed): heads and MLP columns per rank; must divide
     # the model's attention and key/value head counts (checked at load, where they are known)
     tensor_parallel_size: int = 1
+    # decode-only steps as CUDA graphs (runner/decode_graphs.py): "auto" (on a CUDA device, one rank),
+    # "off" (eager: vLLM's enforce_eager), "cuda", or "padded" (the graph-safe padded step run eagerly,
+    # no capture: how the CPU tests it)
+    cuda_graphs: str = "auto"
     torch_dtype: torch.dtype = field(init=False)
     torch_weight_dtype: torch.dtype | None = field(init=False)  # None: weights in torch_dtype
 
@@ -213,6 +221,20 @@ class ModelConfig:
             raise ValueError(f"int4_dense_above: must be >= 0, got {self.int4_dense_above}")
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size: must be an integer >= 1, got {self.tensor_parallel_size!r}")
+        if self.cuda_graphs not in ("auto", "off", "cuda", "padded"):
+            raise ValueError(f"cuda_graphs: must be one of auto, off, cuda, padded; got {self.cuda_graphs!r}")
+        if self.cuda_graphs == "cuda" and not str(self.device).startswith("cuda"):
+            raise ValueError(f"cuda_graphs: 'cuda' needs a CUDA device, not {self.device!r}")
+
+    @property
+    def graph_mode(self) -> str | None:
+        """The decode-graph mode the engine runs: 'cuda', 'padded' or None (eager). Tensor parallel steps
+        stay eager: each rank's step starts with a host broadcast of its inputs."""
+        if self.cuda_graphs == "auto":
+            return "cuda" if str(self.device).startswith("cuda") and self.tensor_parallel_size == 1 else None
+        if self.cuda_graphs == "off" or self.tensor_parallel_size > 1:
+            return None
+        return self.cuda_graphs
 
     @property
     def dtype_label(self) -> str:

@@ -58,7 +58,10 @@ class Request:
     tenant_weight: float = 1.0  # the tenant's share of its tier under fair sharing (scheduler/fairness.py)
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)  # prompt + output, appended in place
-    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache (or being computed by a step in flight)
+    # Tokens being sampled by steps in flight (overlapped scheduling): not yet known to the host, but a
+    # next step can already compute them (their ids stay on the device).
+    num_pending: int = 0
     num_cached_tokens: int = -1  # prompt tokens served by the prefix cache (set at first schedule)
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING

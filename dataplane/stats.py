@@ -21,3 +21,8 @@ class SchedulerStats:
     spec_num_drafts: int = 0  # cumulative: verify steps with at least one draft token (speculative decoding)
     spec_num_draft_tokens: int = 0  # cumulative draft tokens proposed
     spec_num_accepted_tokens: int = 0  # cumulative draft tokens the model agreed with
+    # decode-only steps as CUDA graphs (runner/decode_graphs.py); zeros when the engine runs eagerly
+    cuda_graphs: int = 0  # graphs captured
+    cuda_graph_capture_seconds: float = 0.0  # wall time the capture took
+    cuda_graph_memory_bytes: int = 0  # device memory of the graphs' shared pool
+    cuda_graph_replays: int = 0  # cumulative decode steps served by a graph

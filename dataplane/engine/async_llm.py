@@ -1,8 +1,15 @@
 """The asynchronous API: `AsyncLLM.generate(...)` yields deltas; the step loop runs on its own thread.
 
-The engine thread owns the EngineCore outright. Callers talk to it only through a command queue
-(add, abort) and receive outputs through per-request asyncio queues fed with
-`loop.call_soon_threadsafe`, so no caller's event loop ever waits on a model step.
+The engine thread owns the EngineCore's scheduler, runner and model outright. Callers talk to it only
+through a command queue (add, abort, stop) and receive outputs through per-request asyncio queues, so
+no caller's event loop ever waits on a model step.
+
+The engine thread's step ends at token ids (`EngineCore.step_core`): detokenization, stop strings and
+the `RequestOutput`s happen on the caller's event loop, one callback per step for the whole batch
+(its own `OutputProcessor`), off the step's critical path. A stop string is therefore seen after the
+step that completed it; the engine may run one or two more steps for that request before the "stop"
+command ends it, and the processor drops those tokens (it has already finished the request), so no
+client and no usage count ever sees them.
 """
 
 from __future__ import annotations
@@ -18,13 +25,16 @@ from typing import Any
 
 from dataplane.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from dataplane.engine.core import EngineCore, PromptInput
+from dataplane.engine.output_processor import OutputProcessor
 from dataplane.engine.passing_thread import in_passing_thread
 from dataplane.engine.warmup import WarmupReport, warm_up
 from dataplane.lora.manager import AdapterInfo, LoRAStats
 from dataplane.models.loader import LoadedModel
 from dataplane.outputs import RequestOutput
+from dataplane.request import RequestStatus
 from dataplane.sampling_params import SamplingParams
 from dataplane.scheduler.fairness import assign_tenant
+from dataplane.scheduler.output import EngineCoreOutput
 from dataplane.scheduler.scheduler import QueueFullError
 from dataplane.spec_decode.config import SpeculativeConfig
 from dataplane.stats import SchedulerStats
@@ -41,6 +51,7 @@ class EngineDeadError(RuntimeError):
 class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
+    children: list[str]  # the engine requests of this call (n > 1 siblings)
 
 
 class AsyncLLM:
@@ -55,7 +66,9 @@ class AsyncLLM:
         self.max_model_len = self.core.max_model_len
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, _Stream] = {}  # by the caller's request id (event loop threads)
+        self._loops: dict[str, asyncio.AbstractEventLoop] = {}  # engine request -> its caller's loop
+        self._processors: dict[asyncio.AbstractEventLoop, OutputProcessor] = {}  # one per caller loop
         self._stopped = threading.Event()
         self._error: BaseException | None = None
         self.latest_stats: SchedulerStats = self.core.stats()
@@ -66,14 +79,14 @@ class AsyncLLM:
     @classmethod
     def from_args(cls, model: str, **kwargs: Any) -> AsyncLLM:
         mc = {k: kwargs.pop(k) for k in ("dtype", "weight_dtype", "device", "max_model_len", "seed",
-                                         "tensor_parallel_size", "compile_decode", "quantization",
+                                         "tensor_parallel_size", "compile_decode", "quantization", "cuda_graphs",
                                          "int4_dense_above")
               if k in kwargs}
         cc = {k: kwargs.pop(k) for k in ("block_size", "kv_cache_memory", "enable_prefix_caching") if k in kwargs}
         sc = {k: kwargs.pop(k) for k in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "aging_seconds",
                                          "long_prefill_token_threshold", "itl_guard_priority", "itl_guard_tokens", "itl_guard_seqs",
                                          "itl_guard_step_tokens", "itl_guard_step_ms", "background_priority", "background_step_ms",
-                                         "fair_share")
+                                         "fair_share", "async_scheduling")
               if k in kwargs}
         sc["speculative"] = SpeculativeConfig.pop_from(kwargs)
         lc = {k: kwargs.pop(k) for k in ("max_loras", "max_lora_rank", "max_cpu_loras") if k in kwargs}
@@ -108,9 +121,16 @@ class AsyncLLM:
             raise QueueFullError(f"{len(self.core.scheduler.waiting)} requests are waiting (limit {limit})")
         if rid in self._streams:
             raise ValueError(f"request_id: {rid!r} is already running")
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        loop = asyncio.get_running_loop()
+        stream = _Stream(loop, asyncio.Queue(), [c.request_id for c in children])
         self._streams[rid] = stream
-        self._send("add", (rid, text, children))
+        processor = self._processors.get(loop)
+        if processor is None:
+            processor = self._processors[loop] = OutputProcessor(self.tokenizer)
+        processor.add(rid, text, children)
+        for child in stream.children:
+            self._loops[child] = loop
+        self._send("add", (rid, children))
         finished = False
         try:
             while True:
@@ -123,11 +143,14 @@ class AsyncLLM:
                     return
         finally:
             self._streams.pop(rid, None)
+            processor.forget(rid)
             if not finished:
-                self._send("abort", rid)
+                self._send("abort", stream.children)
 
     def abort(self, request_id: str) -> None:
-        self._send("abort", request_id)
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            self._send("abort", stream.children)
 
     # -- LoRA adapters: parsed on a worker thread, registered on the engine thread ---------------
     async def add_adapter(self, name: str, path: str) -> None:
@@ -173,11 +196,47 @@ class AsyncLLM:
         self._commands.put((kind, payload))
         self._wake.set()
 
+    # -- the caller's event loop: outputs -----------------------------------------------------
+    def _on_outputs(self, loop: asyncio.AbstractEventLoop, core_outputs: list[EngineCoreOutput]) -> None:
+        """One step's token ids for this loop's requests: detokenize, match stop strings, hand out."""
+        processor = self._processors.get(loop)
+        if processor is None:
+            return
+        outputs, stops = processor.process(core_outputs, delta=True)
+        streams = self._streams
+        for out in outputs:
+            stream = streams.get(out.request_id)
+            if stream is not None:
+                stream.queue.put_nowait(out)
+        if stops:
+            self._send("stop", stops)
+
     # -- the engine thread -------------------------------------------------------------------
-    def _deliver(self, rid: str, item: RequestOutput | BaseException) -> None:
+    def _deliver(self, rid: str, item: BaseException) -> None:
         stream = self._streams.get(rid)
         if stream is not None:
             stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+
+    def _hand_out(self, core_outputs: list[EngineCoreOutput]) -> None:
+        """A step's outputs to their callers' loops: one callback per loop, not one per request."""
+        loops = self._loops
+        by_loop: dict[asyncio.AbstractEventLoop, list[EngineCoreOutput]] = {}
+        for o in core_outputs:
+            loop = loops.get(o.request_id)
+            if loop is None:
+                continue
+            if o.finish_reason is not None:
+                loops.pop(o.request_id, None)
+            batch = by_loop.get(loop)
+            if batch is None:
+                by_loop[loop] = [o]
+            else:
+                batch.append(o)
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(self._on_outputs, loop, batch)
+            except RuntimeError:  # that loop was closed: its callers are gone
+                pass
 
     def _drain_commands(self) -> None:
         while True:
@@ -186,13 +245,21 @@ class AsyncLLM:
             except queue.Empty:
                 return
             if kind == "add":
-                rid, text, children = payload
+                rid, children = payload
                 try:
-                    self.core.add(rid, text, children)
+                    self.core.admit(children)
                 except (ValueError, QueueFullError) as exc:
+                    for child in children:
+                        self._loops.pop(child.request_id, None)
                     self._deliver(rid, exc)
             elif kind == "abort":
-                self.core.abort(payload)
+                self.core.scheduler.finish_requests(payload, RequestStatus.FINISHED_ABORTED)
+                for child in payload:
+                    self._loops.pop(child, None)
+            elif kind == "stop":
+                self.core.finish_stopped(payload)
+                for child, _ in payload:
+                    self._loops.pop(child, None)
             elif kind == "call":
                 fn, loop, future = payload
                 try:
@@ -216,8 +283,7 @@ class AsyncLLM:
                     self._wake.wait(timeout=0.5)
                     self._wake.clear()
                     continue
-                for out in self.core.step(delta=True):
-                    self._deliver(out.request_id, out)
+                self._hand_out(self.core.step_core())
                 self._snapshot_stats()
         except BaseException as exc:  # noqa: BLE001 - reported to every waiting caller
             log.exception("engine loop died")

@@ -16,9 +16,9 @@ from dataplane.lora.manager import AdapterInfo, LoRAManager, LoRAStats
 from dataplane.models.loader import LoadedModel, load_configured
 from dataplane.outputs import RequestOutput
 from dataplane.request import Request, RequestStatus
-from dataplane.runner.model_runner import ModelRunner
+from dataplane.runner.model_runner import ModelRunner, StepHandle
 from dataplane.sampling_params import SamplingParams
-from dataplane.scheduler.output import ModelRunnerOutput
+from dataplane.scheduler.output import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from dataplane.scheduler.scheduler import Scheduler
 from dataplane.stats import SchedulerStats
 from dataplane.structured.backend import DEFAULT_COMPILE_TIMEOUT, GrammarBackend
@@ -84,7 +84,17 @@ class EngineCore:
         self.structured = GrammarBackend(self.tokenizer.hf, self.model.args.vocab_size, self.tokenizer.eos_token_ids,
                                          compile_timeout=grammar_compile_timeout)
         self.runner = ModelRunner(self.model, num_blocks, cache_config.block_size, model_config.seed,
+                                  max_num_seqs=scheduler_config.max_num_seqs, max_model_len=self.max_model_len,
                                   lora=self.lora.runtime if self.lora else None, structured=self.structured)
+        mode = model_config.graph_mode
+        if mode is not None:
+            self.runner.use_graphs(mode, scheduler_config.max_num_seqs)
+        overlap = scheduler_config.async_scheduling
+        if overlap is None:
+            overlap = str(model_config.device).startswith("cuda") and model_config.tensor_parallel_size == 1
+        # Drafts are proposed from the tokens on the host, every step: speculation and overlap exclude each other.
+        self.overlap = bool(overlap) and not scheduler_config.speculative.ngram_tokens
+        self._in_flight: tuple[SchedulerOutput, StepHandle, float] | None = None
         self.processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
 
@@ -130,15 +140,28 @@ class EngineCore:
     def add(self, request_id: str, prompt: str | None, children: list[Request]) -> None:
         if request_id in self.processor.parents:
             raise ValueError(f"request_id: {request_id!r} is already running")
+        self.admit(children)
+        self.processor.add(request_id, prompt, children)
+
+    def admit(self, children: list[Request]) -> None:
+        """Queue a call's engine requests (its adapter admitted first); the output side is the caller's
+        (`add` registers them with this core's own processor, AsyncLLM with its loop's)."""
         if self.lora is not None:
             self.lora.admit(children[0].adapter)
         for child in children:
             self.scheduler.add_request(child)
-        self.processor.add(request_id, prompt, children)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         self.scheduler.finish_requests(self.processor.children_of(request_id), RequestStatus.FINISHED_ABORTED)
         return self.processor.abort(request_id)
+
+    def finish_stopped(self, stops: list[tuple[str, str]]) -> None:
+        """End engine requests whose text reached a stop string (found by an output processor)."""
+        for child_id, stop in stops:
+            req = self.scheduler.requests.get(child_id)
+            if req is not None:
+                req.stop_reason = stop
+            self.scheduler.finish_requests([child_id], RequestStatus.FINISHED_STOPPED)
 
     # -- LoRA adapters (dataplane/lora) ----------------------------------------------------------
     def _adapter_key(self, name: str | None) -> str | None:
@@ -167,30 +190,84 @@ class EngineCore:
         return self.lora.stats() if self.lora is not None else None
 
     # -- one step ------------------------------------------------------------------------------
-    def step(self, delta: bool = False) -> list[RequestOutput]:
+    def step(self, delta: bool = False, final_only: bool = False) -> list[RequestOutput]:
+        """One forward pass, its outputs processed here (the offline API). `delta`: outputs carry what is
+        new since the last step (streaming); `final_only`: outputs only for requests that finished."""
+        return self.process(self.step_core(), delta, final_only)
+
+    def step_core(self) -> list[EngineCoreOutput]:
+        """One forward pass: schedule, execute, update. Token ids out, nothing detokenized: AsyncLLM
+        turns them into text on its event loop, off this step's critical path. With overlapped
+        scheduling the outputs are those of the step launched by the previous call."""
+        if self.overlap:
+            return self._step_overlapped()
         out = self.scheduler.schedule()
         try:
             t0 = time.perf_counter()
             result = self.runner.execute(out)
             self.scheduler.observe_step(out.total_num_scheduled_tokens, time.perf_counter() - t0)
         except Exception as exc:  # noqa: BLE001 - one bad step must not take the engine down
-            log.exception("model step failed; failing its %d requests", len(out.num_scheduled_tokens))
-            result = ModelRunnerOutput(failed_request_ids={rid: f"engine error: {exc}"
-                                                           for rid in out.num_scheduled_tokens})
+            result = _failed(out, exc)
+        return self._update(out, result)
+
+    def _update(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         core_outputs = self.scheduler.update(out, result)
         if result.pooled:  # embeddings finish in update (max_tokens 0); their vector rides on that output
             for o in core_outputs:
                 o.embedding = result.pooled.get(o.request_id)
-        outputs, stops = self.processor.process(core_outputs, delta)
-        for child_id, stop in stops:
-            req = self.scheduler.requests.get(child_id)
-            if req is not None:
-                req.stop_reason = stop
-            self.scheduler.finish_requests([child_id], RequestStatus.FINISHED_STOPPED)
+        return core_outputs
+
+    # -- overlapped scheduling ------------------------------------------------------------------
+    def _step_overlapped(self) -> list[EngineCoreOutput]:
+        """Schedule and launch step N+1, then bring step N's tokens to the host and update: on a GPU the
+        host's scheduling and input building for N+1 run while the device still computes N, and N+1
+        reads N's tokens on the device. The scheduler counts N's tokens as computed and its samples as
+        pending at launch (Scheduler.advance). A request that N finishes (EOS, length) has N+1's token
+        for it dropped in N+1's update; one that needs every token on the host (a grammar, penalties,
+        drafts, prompt logprobs, pooling) makes every step synchronous while it runs."""
+        prev, self._in_flight = self._in_flight, None
+        outputs: list[EngineCoreOutput] = []
+        if prev is not None and self.runner.needs_host:
+            outputs, prev = self._settle(prev), None
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            self.runner.launch(out)  # hands the runner the finished requests to drop
+            return outputs + (self._settle(prev) if prev is not None else [])
+        t0 = time.perf_counter()
+        try:
+            handle = self.runner.launch(out, prev[1] if prev is not None else None)
+        except Exception as exc:  # noqa: BLE001 - one bad step must not take the engine down
+            if prev is not None:
+                outputs += self._settle(prev)
+            return outputs + self._update(out, _failed(out, exc))
+        self.scheduler.advance(out)
+        if prev is not None:
+            outputs += self._settle(prev)
+        flight = (out, handle, t0)
+        if self.runner.needs_host:
+            outputs += self._settle(flight)
+        else:
+            self._in_flight = flight
+        return outputs
+
+    def _settle(self, flight: tuple[SchedulerOutput, StepHandle, float]) -> list[EngineCoreOutput]:
+        out, handle, t0 = flight
+        try:
+            result = self.runner.finish(handle)
+            self.scheduler.observe_step(out.total_num_scheduled_tokens, time.perf_counter() - t0)
+        except Exception as exc:  # noqa: BLE001 - a device error surfaces here, at the copy of the tokens
+            result = _failed(out, exc)
+        return self._update(out, result)
+
+    def process(self, core_outputs: list[EngineCoreOutput], delta: bool = False,
+                final_only: bool = False) -> list[RequestOutput]:
+        outputs, stops = self.processor.process(core_outputs, delta, final_only)
+        if stops:
+            self.finish_stopped(stops)
         return outputs
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     def close(self) -> None:
         """Stop what the engine started outside this process (tensor-parallel ranks); idempotent."""
@@ -199,7 +276,18 @@ class EngineCore:
             close()
 
     def stats(self) -> SchedulerStats:
-        return self.scheduler.stats()
+        stats = self.scheduler.stats()
+        graphs = self.runner.graphs
+        if graphs is not None and graphs.mode == "cuda":
+            g = graphs.stats
+            stats.cuda_graphs, stats.cuda_graph_capture_seconds = g.graphs, g.capture_seconds
+            stats.cuda_graph_memory_bytes, stats.cuda_graph_replays = g.memory_bytes, g.replays
+        return stats
+
+
+def _failed(out: SchedulerOutput, exc: Exception) -> ModelRunnerOutput:
+    log.error("model step failed; failing its %d requests", len(out.num_scheduled_tokens), exc_info=exc)
+    return ModelRunnerOutput(failed_request_ids={rid: f"engine error: {exc}" for rid in out.num_scheduled_tokens})
 
 
 def _start_tensor_parallel(model_config: ModelConfig, progress: bool, preloaded: LoadedModel | None,

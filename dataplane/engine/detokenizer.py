@@ -29,14 +29,19 @@ class IncrementalDetokenizer:
 
     def add_tokens(self, token_ids: list[int]) -> str | None:
         """Decode new tokens; return the stop string if one now appears in the text."""
-        pieces = []
-        for tok in token_ids:
-            self.token_ids.append(tok)
-            piece = self.stream.step(self.tokenizer.backend, tok)
-            if piece:
-                pieces.append(piece)
-        new = "".join(pieces)
-        self.text += new
+        if len(token_ids) == 1:  # a decode step: no list to join
+            self.token_ids.append(token_ids[0])
+            new = self.stream.step(self.tokenizer.backend, token_ids[0]) or ""
+        else:
+            pieces = []
+            for tok in token_ids:
+                self.token_ids.append(tok)
+                piece = self.stream.step(self.tokenizer.backend, tok)
+                if piece:
+                    pieces.append(piece)
+            new = "".join(pieces)
+        if new:
+            self.text += new
         if self.matcher is None or not new:
             return None
         found = self.matcher.feed(new)  # positions in self.text: the matcher has seen all of it

@@ -34,14 +34,18 @@ class LLM:
                  speculative_ngram_tokens: int = 0, speculative_max_running: int = 4, prompt_lookup_min: int = 2,
                  prompt_lookup_max: int = 4,
                  grammar_compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT, tensor_parallel_size: int = 1,
+                 cuda_graphs: str = "auto", enforce_eager: bool = False, async_scheduling: bool | None = None,
                  progress: bool = False, preloaded: LoadedModel | None = None) -> None:
+        """`cuda_graphs`: decode-only steps as CUDA graphs ("auto": on a CUDA device; "padded": the
+        graph-safe step run eagerly, for tests); `enforce_eager=True` is cuda_graphs="off"."""
         lora = LoRAConfig(max_loras=max_loras, max_lora_rank=max_lora_rank,
                           max_cpu_loras=max_cpu_loras) if enable_lora else None
         self.core = EngineCore(
             ModelConfig(model=model, dtype=dtype, weight_dtype=weight_dtype, device=device,
                         max_model_len=max_model_len, seed=seed, quantization=quantization,
                         quantize_lm_head=quantize_lm_head, int4_dense_above=int4_dense_above,
-                        tensor_parallel_size=tensor_parallel_size),
+                        tensor_parallel_size=tensor_parallel_size,
+                        cuda_graphs="off" if enforce_eager else cuda_graphs),
             CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory,
                         enable_prefix_caching=enable_prefix_caching),
             SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
@@ -52,7 +56,7 @@ class LLM:
                             speculative=SpeculativeConfig(speculative_ngram_tokens, speculative_max_running,
                                                           prompt_lookup_min, prompt_lookup_max),
                             background_priority=background_priority, background_step_ms=background_step_ms,
-                            fair_share=fair_share),
+                            fair_share=fair_share, async_scheduling=async_scheduling),
             progress=progress,
             preloaded=preloaded,
             lora_config=lora,
@@ -127,7 +131,7 @@ class LLM:
         done: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(order), desc="generating", disable=not use_tqdm)
         while self.core.has_unfinished():
-            for out in self.core.step(delta=False):
+            for out in self.core.step(delta=False, final_only=True):
                 if out.finished:
                     done[out.request_id] = out
                     bar.update(1)

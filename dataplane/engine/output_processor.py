@@ -36,7 +36,10 @@ class _Parent:
 
     @property
     def finished(self) -> bool:
-        return all(c.finish_reason is not None for c in self.completions)
+        cs = self.completions
+        if len(cs) == 1:
+            return cs[0].finish_reason is not None
+        return all(c.finish_reason is not None for c in cs)
 
 
 def _add_tokens(detok: IncrementalDetokenizer, token_ids: list[int]) -> str | None:
@@ -71,13 +74,16 @@ class OutputProcessor:
         parent = self.parents.get(parent_id)
         return [c.request.request_id for c in parent.completions] if parent else []
 
-    def process(self, outputs: list[EngineCoreOutput], delta: bool) -> tuple[list[RequestOutput], list[tuple[str, str]]]:
-        """Returns the outputs to hand out, and (child id, stop string) pairs the core must finish."""
+    def process(self, outputs: list[EngineCoreOutput], delta: bool, final_only: bool = False,
+                ) -> tuple[list[RequestOutput], list[tuple[str, str]]]:
+        """Returns the outputs to hand out, and (child id, stop string) pairs the core must finish.
+        `final_only`: outputs only for requests that finished (the offline API waits for those)."""
         touched: dict[str, _Parent] = {}
         moved: dict[str, set[int]] = {}
         stops: list[tuple[str, str]] = []
+        child_to_parent = self.child_to_parent
         for o in outputs:
-            entry = self.child_to_parent.get(o.request_id)
+            entry = child_to_parent.get(o.request_id)
             if entry is None:
                 continue
             parent, c = entry
@@ -99,11 +105,18 @@ class OutputProcessor:
                 c.finish_reason, c.stop_reason, c.error = o.finish_reason, o.stop_reason, o.error
             if c.finish_reason is not None:
                 c.detok.finish()
-            touched[parent.request_id] = parent
-            moved.setdefault(parent.request_id, set()).add(c.index)
-        results = [self._output(p, moved[p.request_id], delta) for p in touched.values()]
-        for p in touched.values():
-            if p.finished:
+            rid = parent.request_id
+            if rid in touched:
+                moved[rid].add(c.index)
+            else:
+                touched[rid] = parent
+                moved[rid] = {c.index}
+        results = []
+        for rid, p in touched.items():
+            finished = p.finished
+            if finished or not final_only:
+                results.append(self._output(p, moved[rid], delta))
+            if finished:
                 self._forget(p)
         return results, stops
 
@@ -121,28 +134,25 @@ class OutputProcessor:
         self._forget(parent)
         return out
 
+    def forget(self, parent_id: str) -> None:
+        """Drop a request (its caller left); later outputs for it are ignored."""
+        parent = self.parents.get(parent_id)
+        if parent is not None:
+            self._forget(parent)
+
     def _forget(self, parent: _Parent) -> None:
         self.parents.pop(parent.request_id, None)
         for c in parent.completions:
             self.child_to_parent.pop(c.request.request_id, None)
 
     def _output(self, parent: _Parent, moved: set[int], delta: bool) -> RequestOutput:
+        if len(parent.completions) == 1:
+            return self._single_output(parent, delta)
         comps = []
         for c in parent.completions:
             if delta and c.index not in moved:
                 continue
-            finished = c.finish_reason is not None
-            tokens = c.detok.token_ids
-            if delta:
-                text = c.detok.take_new_text(finished)
-                token_ids = tokens[c.sent_tokens :]
-                logprobs = c.logprobs[c.sent_logprobs :] if c.logprobs is not None else None
-                c.sent_tokens = len(tokens)
-                c.sent_logprobs = len(c.logprobs) if c.logprobs is not None else 0
-            else:
-                text, token_ids, logprobs = c.detok.text, list(tokens), c.logprobs
-            comps.append(CompletionOutput(c.index, text, token_ids, c.finish_reason, c.stop_reason, logprobs,
-                                          c.error))
+            comps.append(self._completion(c, delta))
         first = parent.completions[0].request
         t = first.times
         last_token = max((c.request.times.last_token or 0.0) for c in parent.completions) or None
@@ -151,6 +161,34 @@ class OutputProcessor:
                                  min((c.request.times.first_token for c in parent.completions
                                       if c.request.times.first_token is not None), default=None),
                                  (finished_at or last_token) if parent.finished else None)
+        return self._request_output(parent, comps, first, metrics, delta)
+
+    def _single_output(self, parent: _Parent, delta: bool) -> RequestOutput:
+        """_output for the common n == 1 request (no fan-in to compute)."""
+        c = parent.completions[0]
+        t = c.request.times
+        finished = c.finish_reason is not None
+        metrics = RequestMetrics(t.arrival, t.first_scheduled, t.first_token,
+                                 (t.finished or t.last_token) if finished else None)
+        return self._request_output(parent, [self._completion(c, delta)], c.request, metrics, delta)
+
+    @staticmethod
+    def _completion(c: _Completion, delta: bool) -> CompletionOutput:
+        finished = c.finish_reason is not None
+        tokens = c.detok.token_ids
+        if delta:
+            text = c.detok.take_new_text(finished)
+            token_ids = tokens[c.sent_tokens :]
+            logprobs = c.logprobs[c.sent_logprobs :] if c.logprobs is not None else None
+            c.sent_tokens = len(tokens)
+            c.sent_logprobs = len(c.logprobs) if c.logprobs is not None else 0
+        else:
+            text, token_ids, logprobs = c.detok.text, list(tokens), c.logprobs
+        return CompletionOutput(c.index, text, token_ids, c.finish_reason, c.stop_reason, logprobs, c.error)
+
+    @staticmethod
+    def _request_output(parent: _Parent, comps: list[CompletionOutput], first: Request, metrics: RequestMetrics,
+                        delta: bool) -> RequestOutput:
         prompt_lps = parent.prompt_logprobs
         if delta:
             prompt_lps, parent.sent_prompt_logprobs = (None if parent.sent_prompt_logprobs else prompt_lps,

@@ -34,6 +34,8 @@ class WarmupReport:
     steps: int  # engine steps run
     decode_batch_sizes: int  # distinct decode batch sizes run (max_num_seqs .. 1)
     prefill_sizes: list[int]  # single-prefill chunk sizes run
+    cuda_graphs: int = 0  # decode graphs captured (runner/decode_graphs.py), on a CUDA device
+    graph_capture_seconds: float = 0.0
 
 
 def warm_up(core: EngineCore, max_num_seqs: int | None = None) -> WarmupReport:
@@ -47,6 +49,9 @@ def warm_up(core: EngineCore, max_num_seqs: int | None = None) -> WarmupReport:
     steps = 0
     try:
         steps = _ramp_and_ladder(core, seqs, budget)
+        graphs = core.runner.graphs
+        if graphs is not None:  # every size captured now, its kernels warm: no request pays for a capture
+            graphs.capture()
     finally:  # a failed warm-up leaves nothing running and nothing counted
         for rid in list(core.processor.parents):
             if rid.startswith("warmup-"):
@@ -54,6 +59,9 @@ def warm_up(core: EngineCore, max_num_seqs: int | None = None) -> WarmupReport:
         _forget(core)
     sizes = _ladder(core, budget)
     report = WarmupReport(time.perf_counter() - started, steps, seqs, sizes)
+    if core.runner.graphs is not None:
+        report.cuda_graphs = core.runner.graphs.stats.graphs
+        report.graph_capture_seconds = core.runner.graphs.stats.capture_seconds
     log.info("engine warmed up: %d steps in %.1f s (decode batches %d..1, prefills %s)", report.steps,
              report.seconds, seqs, sizes)
     return report

@@ -6,6 +6,8 @@ from dataplane.kv_cache.block_hash import update_block_hashes
 from dataplane.kv_cache.block_pool import BlockPool, KVBlock
 from dataplane.request import Request
 
+_NONE_NEW: list[KVBlock] = []  # append_slot's answer when no block is needed (never mutated)
+
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
@@ -62,6 +64,18 @@ class KVCacheManager:
         blocks.extend(new)
         self._cache_full_blocks(request, num_computed + num_new_tokens)
         return new
+
+    def append_slot(self, request: Request) -> list[KVBlock] | None:
+        """allocate_slots(request, 1) for a running request's decode. Most steps the token lands in a
+        block the request holds and nothing is published: no pool call, no list built."""
+        have = self.req_blocks.get(request.request_id)
+        n = request.num_computed_tokens + 1
+        if have is None or n > len(have) * self.block_size:
+            return self.allocate_slots(request, 1)
+        if self.pool.enable_caching and (min(n, request.num_tokens) // self.block_size
+                                         > self.num_cached_blocks.get(request.request_id, 0)):
+            self._cache_full_blocks(request, n)  # a block of known tokens is full: publish it
+        return _NONE_NEW
 
     def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
         """Publish blocks that this step fills with known tokens to the prefix cache."""

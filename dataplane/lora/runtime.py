@@ -43,5 +43,20 @@ class LoRARuntime:
         return build_context(self.slots, [(None if k is None else slot_of[k], n) for k, n in rows], num_decodes,
                              rank, groups, self.use_kernels)
 
+    def assign_rows(self, keys: list[str | None]) -> list[int] | None:
+        """Each row's slot (-1: the base model), the adapters copied into slots as `prepare` does; None
+        when no row has an adapter (decode graphs read the slots from a buffer)."""
+        wanted = sorted({key for key in keys if key is not None})
+        if not wanted:
+            return None
+        adapters = []
+        for key in wanted:
+            adapter = self.registry.by_key(key)
+            if adapter is None:
+                raise RuntimeError(f"adapter {key!r} is scheduled but no longer loaded")
+            adapters.append(adapter)
+        slot_of = self.slots.assign(adapters)
+        return [-1 if key is None else slot_of[key] for key in keys]
+
     def forget(self, key: str) -> None:
         self.slots.release(key)

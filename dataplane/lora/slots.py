@@ -151,6 +151,13 @@ class LoRASlots:
                 a.view(shape.in_features, big_r, n)[:, :r, s.sub] = sa.t()
                 b[:r, rows] = sb.t()
 
+    def allocate_all(self) -> None:
+        """Every group's buffers now: a captured CUDA graph holds their addresses, so no adapter load may
+        allocate them later (the buffers of groups no adapter targets stay zeros)."""
+        for group in self.shapes:
+            if group not in self.a:
+                self._allocate(group)
+
     def _allocate(self, group: str) -> None:
         shape = self.shapes[group]
         rn = self.max_rank * len(GROUPS[group])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -80,30 +81,55 @@ class PrefillBatch:
 def build_decode_groups(
     context_lens: list[int], block_tables: list[list[int]], block_size: int, device: torch.device
 ) -> list[DecodeGroup]:
-    """Cut decodes (already sorted by context length) into groups of similar length.
+    """decode_groups for decodes given as lists (tests, benchmarks): one group where the kernels run."""
+    n = len(context_lens)
+    width = max((len(t) for t in block_tables), default=0)
+    table = np.zeros((n, max(width, 1)), dtype=np.int64)
+    for r, t in enumerate(block_tables):
+        table[r, : len(t)] = t
+    return decode_groups(np.asarray(context_lens, dtype=np.int64), table, np.arange(n), block_size, device,
+                         one_group=dispatch.use_triton(device))
 
-    For the kernels: one group of every decode, with int32 tables and context lengths, no mask.
+
+def decode_groups(context_lens: np.ndarray, block_table: np.ndarray, rows: np.ndarray, block_size: int,
+                  device: torch.device, *, one_group: bool, int32: bool = True) -> list[DecodeGroup]:
+    """Decodes (sorted by context length unless `one_group`) as attention groups; their block tables are
+    the rows `rows` of `block_table`, cut to the blocks the longest context covers.
+
+    `one_group`: attention reads K/V through the tables (the C++ decode op, the Triton kernels), so one
+    group of every decode, no mask; `int32` tables and lengths for the Triton kernels (the C++ op takes
+    int64 as it comes). Else (the torch path, which gathers whole blocks) groups of similar length, so
+    the gathered rows are padded little.
     """
     n = len(context_lens)
-    if n and dispatch.use_triton(device):
-        width = max(len(t) for t in block_tables)
-        table = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
-        return [DecodeGroup(0, n, table.to(device), None, torch.tensor(context_lens, dtype=torch.int32).to(device))]
+    if not n:
+        return []
+    width = -(-int(context_lens.max()) // block_size)
+    tables = block_table[rows, :width]
+    if one_group:
+        if int32:
+            tables, context_lens = tables.astype(np.int32), context_lens.astype(np.int32)
+        return [DecodeGroup(0, n, _to(tables, device), None, _to(context_lens, device))]
     groups: list[DecodeGroup] = []
+    lens_list = context_lens.tolist()
     i = 0
     while i < n:
         j = i + 1
-        while j < n and context_lens[j] <= max(context_lens[i] * DECODE_GROUP_SPREAD, context_lens[i] + block_size):
+        limit = max(lens_list[i] * DECODE_GROUP_SPREAD, lens_list[i] + block_size)
+        while j < n and lens_list[j] <= limit:
             j += 1
-        max_blocks = max(len(block_tables[r]) for r in range(i, j))
-        table = torch.zeros((j - i, max_blocks), dtype=torch.long)
-        for r in range(i, j):
-            table[r - i, : len(block_tables[r])] = torch.tensor(block_tables[r], dtype=torch.long)
-        lens = torch.tensor(context_lens[i:j], dtype=torch.int32)
-        mask = torch.arange(max_blocks * block_size)[None, :] < lens[:, None]
+        blocks = -(-lens_list[j - 1] // block_size)
+        table = torch.from_numpy(np.ascontiguousarray(tables[i:j, :blocks]))
+        lens = torch.from_numpy(context_lens[i:j].astype(np.int32))
+        mask = torch.arange(blocks * block_size)[None, :] < lens[:, None]
         groups.append(DecodeGroup(i, j, table.to(device), mask[:, None, None, :].to(device), lens.to(device)))
         i = j
     return groups
+
+
+def _to(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(array))
+    return t if device.type == "cpu" else t.pin_memory().to(device, non_blocking=True)
 
 
 def write_kv(

@@ -40,6 +40,11 @@ class SchedulerOutput:
     # Decoding requests that speculate: their n-gram draft tokens, computed after their last known token
     # (num_scheduled_tokens counts 1 + drafts) and verified against the model's own choices (spec_decode/)
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # Overlapped scheduling: Scheduler.advance counted this step's tokens as computed at launch, so its
+    # update only adds what it sampled (and takes back rejected drafts).
+    advanced: bool = False
+    pending: set[str] = field(default_factory=set)  # requests whose sample this step advance() marked pending
+    starts: dict[str, int] = field(default_factory=dict)  # advance(): each request's computed tokens before it
 
     @property
     def is_empty(self) -> bool:

@@ -131,39 +131,52 @@ class Scheduler:
         # Drafts only while the batch is small: a CPU step's time grows with its tokens, so in a busy batch
         # k drafts per request cost more than their accepted tokens save (spec_decode/config.py).
         speculate = len(self.running) <= self.config.speculative.max_running
+        spec_k = self.config.speculative.ngram_tokens  # requests may opt in with speculative_tokens
+        bg = self.config.background_priority
+        paused_from = bg if self._online_present and bg is not None else None  # _paused, once per step
+        kv, scheduled, cached = self.kv, out.num_scheduled_tokens, out.cached_requests
         for req in list(self.running):
             if budget == 0:
                 break
             if req.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            if self._paused(req):
+            if paused_from is not None and req.priority >= paused_from:
                 continue  # background work sits out while online work is in the engine (keeps its blocks)
-            n = self._chunk(req.num_tokens - req.num_computed_tokens, budget, req)
+            remaining = req.num_tokens + req.num_pending - req.num_computed_tokens
+            if req.num_pending and len(req.output_token_ids) + req.num_pending >= req.sampling_params.max_tokens:
+                continue  # its token in flight is its last (max_tokens): nothing more to compute
+            if remaining == 1 and not (speculate and (spec_k or req.sampling_params.speculative_tokens)):
+                # A decode: one token, no guard or cap applies (they limit prefill), and a new block only
+                # every block_size tokens. The common case of a running batch, so kept lean.
+                new = kv.append_slot(req)
+                if new is None:
+                    new = self._make_room(req, 1, out)
+                    if new is None:
+                        break
+                cached.append(CachedRequestData(req.request_id, [b.block_id for b in new] if new else [],
+                                                req.num_computed_tokens))
+                scheduled[req.request_id] = 1
+                budget -= 1
+                continue
+            n = self._chunk(remaining, budget, req)
             if n == 0:
                 continue  # a guarded prefill waits for a step with guard budget left
             drafts = draft_tokens(req, budget, self.max_model_len, self.config.speculative) if speculate else []
-            if drafts and self.kv.pool.num_free - self.kv.blocks_needed(len(drafts)) - 1 < len(self.running):
+            if drafts and kv.pool.num_free - kv.blocks_needed(len(drafts)) - 1 < len(self.running):
                 drafts = []  # near the cache's end, drafts must not take the blocks other decodes need
-            new = self.kv.allocate_slots(req, n + len(drafts)) if drafts else None
+            new = kv.allocate_slots(req, n + len(drafts)) if drafts else None
             if new is None:
                 drafts = []  # a guess never preempts anyone: without room for it, a plain decode
-                new = self.kv.allocate_slots(req, n)
-            while new is None:
-                # Out of blocks: recompute-preempt the lowest-priority, latest request not yet
-                # scheduled this step (it may be this one).
-                victim = next(r for r in reversed(self.running) if r.request_id not in out.num_scheduled_tokens)
-                self._preempt(victim, out)
-                if victim is req:
-                    break
-                new = self.kv.allocate_slots(req, n)
+                new = kv.allocate_slots(req, n)
             if new is None:
-                break
+                new = self._make_room(req, n, out)
+                if new is None:
+                    break
             if drafts:
                 out.spec_token_ids[req.request_id] = drafts
                 n += len(drafts)
-            out.cached_requests.append(CachedRequestData(req.request_id, [b.block_id for b in new],
-                                                         req.num_computed_tokens))
-            out.num_scheduled_tokens[req.request_id] = n
+            cached.append(CachedRequestData(req.request_id, [b.block_id for b in new], req.num_computed_tokens))
+            scheduled[req.request_id] = n
             self._take(req, n)
             budget -= n
 
@@ -174,6 +187,18 @@ class Scheduler:
         out.finished_request_ids = self._finished_since_schedule
         self._finished_since_schedule = set()
         return out
+
+    def _make_room(self, req: Request, n: int, out: SchedulerOutput):  # noqa: ANN202 - list[KVBlock] | None
+        """Out of blocks: recompute-preempt the lowest-priority, latest request not yet scheduled this
+        step (it may be `req` itself) until `req`'s n tokens fit; None when `req` was the one preempted."""
+        while True:
+            victim = next(r for r in reversed(self.running) if r.request_id not in out.num_scheduled_tokens)
+            self._preempt(victim, out)
+            if victim is req:
+                return None
+            new = self.kv.allocate_slots(req, n)
+            if new is not None:
+                return new
 
     def _chunk(self, remaining: int, budget: int, req: Request | None = None) -> int:
         n = min(remaining, budget)
@@ -202,7 +227,10 @@ class Scheduler:
     @property
     def num_paused(self) -> int:
         """Background requests holding a seat and their blocks while online work runs (last step)."""
-        return sum(1 for r in self.running if self._paused(r))
+        bg = self.config.background_priority
+        if bg is None or not self._online_present:
+            return 0
+        return sum(1 for r in self.running if r.priority >= bg)
 
     def _guarded(self, req: Request, remaining: int) -> bool:
         """A lower-priority prefill while the ITL guard applies this step."""
@@ -225,14 +253,15 @@ class Scheduler:
         of tokens, or what the step-time target leaves after this step's decodes, or the smaller."""
         p, cap, target_ms = self.config.itl_guard_priority, self.config.itl_guard_step_tokens, self.config.itl_guard_step_ms
         self._protected_waiting = False
-        decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens <= 1]
-        if self.config.background_step_ms is not None and self.config.background_priority is not None \
-                and not self._online_present:
+        background = self.config.background_step_ms is not None and self.config.background_priority is not None \
+            and not self._online_present
+        if not background and (p is None or (cap is None and target_ms is None)):
+            return None  # neither cap is configured: no list of decodes to build
+        decoding = [r for r in self.running if r.num_tokens + r.num_pending - r.num_computed_tokens <= 1]
+        if background:
             # Only background work: short steps, so an online arrival waits little for the step in flight.
             fits = self.step_cost.tokens_within(self.config.background_step_ms / 1000)
             return None if fits is None else max(fits - len(decoding), ITL_GUARD_MIN_PREFILL)
-        if p is None or (cap is None and target_ms is None):
-            return None
         if not any(r.priority <= p for r in decoding):
             return None
         self._protected_waiting = any(r.priority <= p for r in self.waiting)
@@ -255,13 +284,17 @@ class Scheduler:
         return sum(1 for r in self.running if r.priority > p and not self._paused(r)) >= cap
 
     def _take(self, req: Request, n: int) -> None:
-        remaining = req.num_tokens - req.num_computed_tokens
+        remaining = req.num_tokens + req.num_pending - req.num_computed_tokens
         if self._guarded(req, remaining):
             self._guard_left -= n
         if self._step_prefill_left is not None and remaining > 1:
             self._step_prefill_left -= n
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float, rank) -> int:  # noqa: ANN001
+        if not self.waiting:
+            if self.fair is not None:
+                self.fair.observe(self.running)  # tenants that left are noticed every step, as with a queue
+            return budget
         if self.fair is None:
             self.waiting.sort(key=rank)
         else:
@@ -349,64 +382,112 @@ class Scheduler:
             out.cached_requests = [c for c in out.cached_requests if c.request_id != req.request_id]
             out.new_requests = [c for c in out.new_requests if c.request_id != req.request_id]
         req.num_computed_tokens = 0
+        req.num_pending = 0  # a token in flight for it is dropped when it arrives: it is recomputed and sampled again
         req.num_preemptions += 1
         req.status = RequestStatus.PREEMPTED
         self.num_preemptions += 1
         self.waiting.append(req)
         out.preempted_request_ids.append(req.request_id)
 
+    def advance(self, out: SchedulerOutput) -> None:
+        """Overlapped scheduling: count a launched step's tokens as computed now, and its samples as
+        pending, so the next step can be scheduled before this one's tokens reach the host."""
+        running = RequestStatus.RUNNING
+        for rid, n in out.num_scheduled_tokens.items():
+            req = self.requests.get(rid)
+            if req is None or req.status != running:
+                continue
+            out.starts[rid] = req.num_computed_tokens
+            req.num_computed_tokens += n
+            if req.num_computed_tokens >= req.num_tokens + req.num_pending and req.sampling_params.max_tokens:
+                req.num_pending += 1  # every known and pending token is computed: this step samples
+                out.pending.add(rid)
+        out.advanced = True
+
     def update(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Advance scheduled requests by what the runner computed; finish those that are done."""
         now = self.clock()
         outputs: list[EngineCoreOutput] = []
+        requests, fair, failed, sampled = self.requests, self.fair, result.failed_request_ids, result.sampled_token_ids
+        max_len = self.max_model_len
+        running = RequestStatus.RUNNING
+        generated = 0
         for rid, n in out.num_scheduled_tokens.items():
-            req = self.requests.get(rid)
-            if req is None or req.status != RequestStatus.RUNNING:
+            req = requests.get(rid)
+            if req is None or req.status != running:
                 continue
-            if rid in result.failed_request_ids:
+            if failed and rid in failed:
                 self.running.remove(req)
                 self._finish(req, RequestStatus.FINISHED_ERROR, forget=True)
-                outputs.append(EngineCoreOutput(rid, [], None, "error", error=result.failed_request_ids[rid]))
+                outputs.append(EngineCoreOutput(rid, [], None, "error", error=failed[rid]))
                 continue
-            prompt_part = max(0, min(req.num_computed_tokens + n, req.num_prompt_tokens) - req.num_computed_tokens)
-            self.prompt_tokens += prompt_part
-            if self.fair is not None:
-                self.fair.charge(req, prompt_part, 0)
-            self._add_prompt_logprobs(req, result.prompt_logprobs.get(rid))
-            req.num_computed_tokens += n - self._rejected_drafts(out, rid, result)
-            if req.sampling_params.max_tokens == 0 and req.num_computed_tokens >= req.num_prompt_tokens:
+            num_prompt = len(req.prompt_token_ids)
+            # advance() counted an overlapped step at launch (later steps may have been counted since)
+            computed = out.starts[rid] if out.advanced else req.num_computed_tokens
+            params = req.sampling_params
+            prompt_part = 0
+            if computed < num_prompt:
+                prompt_part = min(computed + n, num_prompt) - computed
+                self.prompt_tokens += prompt_part
+                if result.prompt_logprobs:
+                    self._add_prompt_logprobs(req, result.prompt_logprobs.get(rid), computed)
+            rejected = self._rejected_drafts(out, rid, result) if out.spec_token_ids else 0
+            req.num_computed_tokens = (req.num_computed_tokens if out.advanced else computed + n) - rejected
+            if params.max_tokens == 0 and req.num_computed_tokens >= num_prompt:
+                if fair is not None:
+                    fair.charge(req, prompt_part, 0)
                 self.running.remove(req)  # a scored prompt: its logprobs are the whole answer
                 self._finish(req, RequestStatus.FINISHED_LENGTH)
                 outputs.append(EngineCoreOutput(rid, [], None, "length", None, max(req.num_cached_tokens, 0),
                                                 prompt_logprobs=req.prompt_logprobs))
                 continue
-            new_tokens = result.sampled_token_ids.get(rid)
+            new_tokens = sampled.get(rid)
+            if rid in out.pending:
+                req.num_pending -= 1  # this step's sample has arrived: no longer in flight
             if not new_tokens:
+                if fair is not None and prompt_part:
+                    fair.charge(req, prompt_part, 0)
                 continue  # mid-prefill chunk
             status = None
-            accepted = []
-            for tok in new_tokens:
-                req.append_output_token(tok)
-                accepted.append(tok)
-                status = self._stop_status(req, tok)
-                if status is not None:
-                    break
-            self.generation_tokens += len(accepted)
-            if self.fair is not None:
-                self.fair.charge(req, 0, len(accepted))
-            if req.times.first_token is None:
-                req.times.first_token = now
-            req.times.last_token = now
-            logprobs = result.logprobs.get(rid)
+            if len(new_tokens) == 1:  # the common case, inline: append, then EOS / stop token / length
+                tok = new_tokens[0]
+                accepted = new_tokens
+                req.output_token_ids.append(tok)
+                req.all_token_ids.append(tok)
+                if not params.ignore_eos and tok in req.eos_token_ids:
+                    status = RequestStatus.FINISHED_STOPPED
+                elif params.stop_token_ids and tok in params.stop_token_ids:
+                    req.stop_reason = tok
+                    status = RequestStatus.FINISHED_STOPPED
+                elif len(req.output_token_ids) >= params.max_tokens or len(req.all_token_ids) >= max_len:
+                    status = RequestStatus.FINISHED_LENGTH
+            else:
+                accepted = []
+                for tok in new_tokens:
+                    req.append_output_token(tok)
+                    accepted.append(tok)
+                    status = self._stop_status(req, tok)
+                    if status is not None:
+                        break
+            generated += len(accepted)
+            if fair is not None:
+                fair.charge(req, prompt_part, len(accepted))
+            times = req.times
+            if times.first_token is None:
+                times.first_token = now
+            times.last_token = now
+            logprobs = result.logprobs.get(rid) if result.logprobs else None
             if status is not None:
                 self.running.remove(req)
                 self._finish(req, status)
-            first = req.num_output_tokens == len(accepted)  # not again after a preemption's recompute
-            prompt_lps = req.prompt_logprobs if first and req.sampling_params.prompt_logprobs is not None else None
+            # prompt logprobs ride on the first output only (not again after a preemption's recompute)
+            prompt_lps = req.prompt_logprobs if params.prompt_logprobs is not None and \
+                len(req.output_token_ids) == len(accepted) else None
             outputs.append(EngineCoreOutput(
                 rid, accepted, logprobs[: len(accepted)] if logprobs else None,
                 status.finish_reason if status else None, req.stop_reason, max(req.num_cached_tokens, 0),
-                prompt_logprobs=prompt_lps))
+                None, prompt_lps))
+        self.generation_tokens += generated
         return outputs
 
     def _rejected_drafts(self, out: SchedulerOutput, rid: str, result: ModelRunnerOutput) -> int:
@@ -423,11 +504,12 @@ class Scheduler:
         return len(drafts) - accepted
 
     @staticmethod
-    def _add_prompt_logprobs(req: Request, entries: list | None) -> None:
-        """Keep the entries past those already known (a recompute after preemption repeats them)."""
+    def _add_prompt_logprobs(req: Request, entries: list | None, start: int) -> None:
+        """Keep the entries past those already known (a recompute after preemption repeats them);
+        `start`: the step's first computed position."""
         if not entries:
             return
-        start, have = req.num_computed_tokens, len(req.prompt_logprobs)  # entries[0] is position start + 1
+        have = len(req.prompt_logprobs)  # entries[0] is position start + 1
         if start <= have:
             req.prompt_logprobs.extend(entries[have - start:])
 

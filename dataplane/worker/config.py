@@ -46,6 +46,10 @@ class WorkerConfig:
     # around the projections; compiles on the first decode step (minutes cold, seconds from Inductor's
     # cache), so off unless asked: on an AVX-512 BF16 EPYC it gained 1.05x at batch 1 (benchmarks.decode_latency)
     compile_decode: bool = False
+    # where the engine runs: cpu, or cuda / cuda:N (decode-only steps then replay CUDA graphs captured at
+    # start-up, dataplane/runner/decode_graphs.py, unless enforce_eager)
+    device: str = "cpu"
+    enforce_eager: bool = False  # no CUDA graphs: every step launches its kernels one by one
     # weights: as the checkpoint is (empty), or awq / fp8 / int4 / int8 / gguf (dataplane/quant/checkpoint.py).
     # gguf keeps a GGUF file's Q4_1 / Q8_0 blocks for the C++ CPU kernels: the batch-1 decode path
     # (benchmarks.decode_latency); quantized layers switch to a dense copy above int4_dense_above rows (0: none kept)
@@ -186,6 +190,7 @@ class WorkerConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens, "max_waiting": self.max_waiting,
             "enable_prefix_caching": self.enable_prefix_caching, "seed": self.seed, "progress": False,
             "tensor_parallel_size": self.tensor_parallel_size, "compile_decode": self.compile_decode,
+            "device": self.device, "cuda_graphs": "off" if self.enforce_eager else "auto",
             **({"quantization": self.quantization} if self.quantization else {}),
             "int4_dense_above": self.int4_dense_above,
             "itl_guard_priority": self.itl_guard_priority, "itl_guard_tokens": self.itl_guard_tokens,

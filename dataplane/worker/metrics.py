@@ -53,7 +53,11 @@ class EngineCollector(Collector):
                   ("num_requests_waiting", "Requests queued, preempted ones included", s and s.num_waiting),
                   ("num_requests_paused", "Background (batch) requests holding their blocks while online work runs",
                    s and s.num_paused),
-                  ("kv_cache_usage_perc", "Fraction of KV-cache blocks in use, 0 to 1", s and s.kv_cache_usage))
+                  ("kv_cache_usage_perc", "Fraction of KV-cache blocks in use, 0 to 1", s and s.kv_cache_usage),
+                  ("cuda_graph_count", "Decode CUDA graphs captured (0: eager)", s and s.cuda_graphs),
+                  ("cuda_graph_capture_seconds", "Seconds the decode graphs' capture took at start-up",
+                   s and s.cuda_graph_capture_seconds),
+                  ("cuda_graph_memory_bytes", "Device memory of the decode graphs' pool", s and s.cuda_graph_memory_bytes))
         for name, doc, value in gauges:
             g = GaugeMetricFamily(P + name, doc, labels=["model_name"])
             if s is not None:
@@ -69,7 +73,8 @@ class EngineCollector(Collector):
                     ("spec_decode_num_draft_tokens", "Draft tokens proposed (speculative decoding)",
                      s and s.spec_num_draft_tokens),
                     ("spec_decode_num_accepted_tokens", "Draft tokens the model agreed with",
-                     s and s.spec_num_accepted_tokens))
+                     s and s.spec_num_accepted_tokens),
+                    ("cuda_graph_replays", "Decode steps replayed from a CUDA graph", s and s.cuda_graph_replays))
         for name, doc, value in counters:
             c = CounterMetricFamily(P + name, doc, labels=["model_name"])
             if s is not None:
