@@ -7,8 +7,6 @@ SchedulerOutput, so a continuing request costs the scheduler only its new block 
 from __future__ import annotations
 
 import logging
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +16,7 @@ from dataplane.lora.runtime import LoRARuntime
 from dataplane.models.llama import LlamaModel
 from dataplane.runner.attention import AttentionMetadata, decode_groups, make_prefill_chunk
 from dataplane.runner.decode_graphs import DecodeGraphs
+from dataplane.runner.grammar_masks import GrammarMasks
 from dataplane.runner.input_batch import InputBatch
 from dataplane.runner.pooling import PoolSpan, pool
 from dataplane.runner.prompt_logprobs import prompt_logprobs
@@ -62,12 +61,6 @@ class ModelRunner:
                  max_num_seqs: int = 64, max_model_len: int | None = None) -> None:
         self.model = model
         self.lora = lora  # device slots and per-step adapter metadata, when LoRA is enabled
-        self.structured = structured  # compiles and matches grammars of structured-output requests
-        # Grammar masks are filled on a thread while the model runs (they depend only on tokens already
-        # accepted); the step waits only for what is left of that, and for applying them.
-        self._grammar_pool: ThreadPoolExecutor | None = None
-        self.grammar_seconds = 0.0  # the step's own time on masks: waiting for the fill, applying
-        self.grammar_fill_seconds = 0.0  # filling, on the grammar thread (overlapped with the model)
         self.block_size = block_size
         a = model.args
         # One block past the pool's: the dummy block padded rows of a graph step write and read
@@ -81,6 +74,9 @@ class ModelRunner:
         ]
         self.sampler = Sampler(seed, device=model.device)
         self.states: dict[str, RunnerRequestState] = {}
+        # Grammar masks are filled on a thread while the model runs; the step waits only for what is left
+        # of that, and for applying them.
+        self.masks = GrammarMasks(structured, self.states)
         max_len = max_model_len or a.max_position
         self.batch = InputBatch(max_num_seqs, -(-max_len // block_size) + 1)
         # Attention that reads K/V through the block tables (the C++ decode op, the Triton kernels) takes
@@ -136,6 +132,23 @@ class ModelRunner:
                 batch.append_blocks(states[c.request_id].row, c.new_block_ids)
 
     @property
+    def structured(self) -> GrammarBackend | None:
+        """Compiles and matches the grammars of structured-output requests (None: not enabled)."""
+        return self.masks.structured
+
+    @structured.setter
+    def structured(self, backend: GrammarBackend | None) -> None:
+        self.masks.structured = backend
+
+    @property
+    def grammar_seconds(self) -> float:
+        return self.masks.grammar_seconds
+
+    @property
+    def grammar_fill_seconds(self) -> float:
+        return self.masks.grammar_fill_seconds
+
+    @property
     def needs_host(self) -> bool:
         """Some live request's next step needs this step's tokens on the host (a grammar to advance,
         penalties to count, drafts to propose, prompt logprobs or pooling to hand back): no step may be
@@ -159,7 +172,7 @@ class ModelRunner:
                                  sort_decodes=not self._one_decode_group)
         patch = self._pending_inputs(step, prev)
         sampled = step.sampled
-        masks = self._begin_masks(sampled) if self._num_structured else None
+        masks = self.masks.begin(sampled) if self._num_structured else None
         try:
             logits = self._graph_logits(step, patch) if self.graphs is not None else None
             if logits is None:
@@ -176,7 +189,7 @@ class ModelRunner:
             logits = logits[: len(step.logits_rows)]
         if not sampled:
             return StepHandle(result)
-        constrain = self._finish_masks(masks, result)
+        constrain = self.masks.finish(masks, result)
         if spec:  # verification needs the tokens on the host now
             tokens, logprobs = self.sampler(logits, self._rows_one_by_one(sampled, spec), constrain)
             sampled, tokens, logprobs = self._verify(spec, sampled, tokens, logprobs, result)
@@ -361,66 +374,6 @@ class ModelRunner:
                 result.logprobs[rid] = logprobs[i : i + len(emitted)]
             i += n
         return rest
-
-    def _begin_masks(self, sampled: list[str]) -> Future | None:
-        """Start filling the grammar masks of this step's structured-output rows (None: there are none)."""
-        constrained = [i for i, rid in enumerate(sampled) if self.states[rid].params.structured is not None]
-        if not constrained:
-            return None
-        if self.structured is None:
-            done: Future = Future()
-            done.set_result((None, [], {sampled[i]: "structured outputs are not enabled on this engine"
-                                        for i in constrained}))
-            return done
-        # Allocated here, on the engine thread: from 22 rows up the fill is a parallel torch op, and one
-        # run on the mask thread gives that thread an OpenMP pool of its own for good, which throttles
-        # every later step's barriers (passing_thread.py): batch-1 decode fell from 47 to 32 tok/s after
-        # one 32-row structured step, for the engine's life (SmolLM2 bf16, 2 threads, AMD EPYC).
-        bitmask = self.structured.allocate_bitmask(len(sampled))
-        if self._grammar_pool is None:
-            self._grammar_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
-        return self._grammar_pool.submit(self._fill_masks, bitmask, sampled, constrained)
-
-    def _fill_masks(self, bitmask, sampled: list[str], constrained: list[int]) -> tuple[object, list[int], dict[str, str]]:
-        """(bitmask, rows it masks, failures): a matcher that cannot be built fails its request.
-        Runs no torch op (xgrammar writes the rows itself), so this thread never starts an OpenMP pool."""
-        start = time.perf_counter()
-        failed: dict[str, str] = {}
-        masked = []
-        for i in constrained:
-            st = self.states[sampled[i]]
-            try:
-                if st.matcher is None:  # first sampling, or resumed after preemption: replay its outputs
-                    st.matcher = self.structured.matcher(st.params.structured, st.token_ids[st.num_prompt_tokens:])
-                st.matcher.fill(bitmask, i)
-            except ValueError as exc:
-                failed[sampled[i]] = str(exc)
-                continue
-            except Exception as exc:  # noqa: BLE001 - a grammar's failure is its request's, not the batch's
-                log.exception("grammar mask failed", extra={"request_id": sampled[i]})
-                failed[sampled[i]] = f"{st.params.structured.source}: grammar error: {exc}"
-                continue
-            masked.append(i)
-        self.grammar_fill_seconds += time.perf_counter() - start
-        return bitmask, masked, failed
-
-    def _finish_masks(self, masks: Future | None, result: ModelRunnerOutput):
-        """A function masking the constrained rows' logits in place, or None."""
-        if masks is None:
-            return None
-        t0 = time.perf_counter()
-        bitmask, masked, failed = masks.result()
-        self.grammar_seconds += time.perf_counter() - t0
-        result.failed_request_ids.update(failed)
-        if not masked:
-            return None
-
-        def constrain(logits):
-            t1 = time.perf_counter()
-            self.structured.apply_bitmask(logits, bitmask.to(logits.device, non_blocking=True), masked)
-            self.grammar_seconds += time.perf_counter() - t1
-        return constrain
-
 
 def _device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     """A step input on the model's device: the numpy array itself on the CPU (no copy); on CUDA through
