@@ -171,6 +171,7 @@ class Meter:
     journaled: bool = field(default=False)  # a usage-journal row exists (the sweeper can finish the job)
     worker_url: str = field(default="")  # the worker the request was sent to
     batch_id: str = field(default="")  # a batch line's batch: its own price line, and no online SLO sample
+    batch_line: str = field(default="")  # a batch line's ledger identity: billed once whichever attempt
     embeddings: bool = field(default=False)  # a /v1/embeddings request: the embeddings price line
 
     def finish(
@@ -211,6 +212,7 @@ class Meter:
             itl_ms=itl_ms,
             batch_id=self.batch_id or None,
             embeddings=self.embeddings,
+            batch_line=self.batch_line or None,
         )
         limits = self.principal.limits
         if self.batch_id:  # batch lines are not the online tiers' traffic: they would skew their SLIs
