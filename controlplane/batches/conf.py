@@ -56,5 +56,11 @@ def lease_seconds() -> float:
 
 
 def max_attempts() -> int:
-    """Tries of a line that meets a platform failure (5xx) before it fails."""
+    """Tries of a line that meets a platform failure (a 5xx, or its runner dying under it) before it fails."""
     return _int("TESSERA_BATCH_LINE_ATTEMPTS", 5)
+
+
+def db_wait_seconds() -> float:
+    """How long a runner waits out a database that does not answer (storing an answer, renewing its
+    lease) before it gives up; the batch is resumed once the database is back (tasks.py)."""
+    return _float("TESSERA_BATCH_DB_WAIT_SECONDS", 60.0)
