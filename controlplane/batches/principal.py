@@ -1,4 +1,4 @@
-"""The batch's key as the gateway sees it now.
+"""The batch's key as the gateway sees it now, checked before each line is sent.
 
 A batch runs for up to 24 h as the key that created it. What that key may do is read the way the
 gateway reads it for an online request: the process's key cache (tenants/auth.py), which every

@@ -8,7 +8,9 @@ TESSERA_BATCH_PRIORITY (after every online tier in the worker's scheduler; the g
 refuses it first). A line is sent only while some worker that serves its model has nothing waiting
 and a free seat: batch work fills what online traffic leaves.
 
-The runner waits out a database outage
+The key is checked before each line is sent, from the gateway's key cache (principal.py): once it is
+revoked, expired or deleted, or its tenant suspended, the lines not yet sent fail with the error an
+online request would get, and the ones in flight finish. The runner waits out a database outage
 (send.db_waiting); one longer than TESSERA_BATCH_DB_WAIT_SECONDS ends the run with an error, and
 the batch is resumed (its unanswered lines recovered) once the database is back.
 """
@@ -22,6 +24,7 @@ import time
 from controlplane.asyncdb import db_call
 from controlplane.errors import ApplicationError
 from controlplane.gateway import accounting, upstream
+from controlplane.gateway.dependencies import dependency_of
 from controlplane.gateway.workers import get_registry
 
 from . import conf, lines, principal
@@ -115,12 +118,7 @@ async def run(batch_id: str) -> str:
     try:
         await recover(batch_id)
         key_hash = await db_call(principal.key_hash_of, batch.api_key_id)
-        try:
-            sender = await principal.current(key_hash)
-        except ApplicationError as exc:  # the key was revoked or deleted: its lines cannot run
-            await _fail_pending(batch, exc)
-        else:
-            await _run_lines(batch, sender)
+        await _run_lines(batch, key_hash)
         # Every answered line's usage is in the ledger (or the spool) before the batch says completed.
         await accounting.drain()
         await db_waiting(lines.mark_finalizing, batch_id=batch_id)
@@ -130,7 +128,7 @@ async def run(batch_id: str) -> str:
         await upstream.close()
 
 
-async def _run_lines(batch: Batch, sender) -> None:
+async def _run_lines(batch: Batch, key_hash: str | None) -> None:
     registry = get_registry()
     await registry.ensure_polling()
     in_flight: set[asyncio.Task] = set()
@@ -146,7 +144,19 @@ async def _run_lines(batch: Batch, sender) -> None:
                 if status == Batch.Status.CANCELLING or await db_waiting(_expired, batch_id=batch.pk):
                     break  # in-flight lines finish below; unsent ones are failed by finalize
             free = min(limit - len(in_flight), room(model, len(in_flight)))
-            claimed = await db_waiting(lines.line_claim, batch_id=batch.pk, limit=free) if free > 0 else []
+            claimed = []
+            if free > 0:
+                try:
+                    sender = await principal.current(key_hash)  # checked for every line, from memory
+                except ApplicationError as exc:  # revoked, expired, deleted, suspended: what a request would get
+                    await _fail_pending(batch, exc)
+                    break
+                except Exception as exc:
+                    if dependency_of(exc) != "database":
+                        raise
+                    sender = None  # the key is not known from memory and the database is away: wait
+                if sender is not None:
+                    claimed = await db_waiting(lines.line_claim, batch_id=batch.pk, limit=free)
             for line in claimed:
                 in_flight.add(asyncio.create_task(send(batch, sender, line)))
             if not in_flight:
