@@ -102,8 +102,9 @@ def room(model: str, in_flight: int) -> int:
 async def _fail_pending(batch: Batch, exc: ApplicationError) -> None:
     failed = await db_waiting(lines.lines_fail_pending, batch_id=batch.pk, status_code=exc.status,
                               body=exc.openai_body(), error={"code": exc.code, "message": exc.message})
-    log.warning("the batch's key may no longer send; its unsent lines fail",
-                extra={"batch": batch.pk, "code": exc.code, "lines": failed})
+    if failed:
+        log.warning("the batch's key may no longer send; its unsent lines fail",
+                    extra={"batch": batch.pk, "code": exc.code, "lines": failed})
 
 
 async def run(batch_id: str) -> str:
@@ -136,6 +137,7 @@ async def _run_lines(batch: Batch, key_hash: str | None) -> None:
     model = await db_waiting(_first_model, batch_id=batch.pk)  # where room is looked for (mostly one model)
     renewed = 0.0
     failures: list[BaseException] = []
+    refused: ApplicationError | None = None  # the key may no longer send
     try:
         while not failures:
             if time.monotonic() - renewed > 1.0:
@@ -149,6 +151,7 @@ async def _run_lines(batch: Batch, key_hash: str | None) -> None:
                 try:
                     sender = await principal.current(key_hash)  # checked for every line, from memory
                 except ApplicationError as exc:  # revoked, expired, deleted, suspended: what a request would get
+                    refused = exc
                     await _fail_pending(batch, exc)
                     break
                 except Exception as exc:
@@ -170,6 +173,8 @@ async def _run_lines(batch: Batch, key_hash: str | None) -> None:
         if in_flight:
             results = await asyncio.gather(*in_flight, return_exceptions=True)
             failures += [r for r in results if isinstance(r, BaseException)]
+    if refused is not None:  # a line in flight at the change that came back to be retried is not sent again
+        await _fail_pending(batch, refused)
     if failures:
         # A line whose outcome could not be stored (the database stayed away) is still `running`: this run
         # ends, and the next one (Celery's retry, or the resume sweep once the lease has passed) recovers it.

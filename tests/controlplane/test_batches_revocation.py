@@ -110,3 +110,35 @@ def test_a_change_to_the_key_stops_its_running_batch(client_for, workers, settin
     # Read as the operator: a revoked key or a suspended tenant cannot read it through the API any more.
     _, data = file_content(tenant_id=tenant.pk, file_id=Batch.objects.get(pk=batch.id).error_file_id)
     assert {json.loads(x)["error"]["code"] for x in data.splitlines()} == {code}
+
+
+def test_a_line_in_flight_at_the_revocation_is_not_tried_again_after_it(client_for, workers, settings):
+    """The lines out when the key is revoked come back with a 5xx (tried again, normally): they fail
+    with the key's error, instead of staying pending with no answer."""
+    from controlplane.batches.models import BatchLine
+
+    settings.TESSERA_BATCH_CONCURRENCY = 3  # both lines out, and room for more: the key is checked meanwhile
+    hold = threading.Event()
+    for worker in workers:
+        worker.hold = hold
+    tenant, client = client_for()
+    source = client.files.create(file=("in.jsonl", io.BytesIO(_jsonl([_line(f"f{i}") for i in range(2)]))),
+                                 purpose="batch")
+    batch = client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
+    outcome: dict = {}
+    runner = threading.Thread(target=lambda: outcome.update(status=_run(batch.id)), daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 30
+    while len([r for w in workers for r in w.received]) < 2:
+        assert time.monotonic() < deadline and runner.is_alive(), "the lines were not sent"
+        time.sleep(0.02)
+    _revoke(tenant)
+    time.sleep(0.5)  # the runner notices (it looks every 0.1 s while there is room)
+    for worker in workers:
+        worker.fail_status = 500
+    hold.set()
+    runner.join(60)
+    assert outcome.get("status") == "completed"
+    lines = BatchLine.objects.filter(batch_id=batch.id)
+    assert {(line.state, line.error["code"]) for line in lines} == {("failed", "invalid_api_key")}
+    assert len([r for w in workers for r in w.received]) == 2
