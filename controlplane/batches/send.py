@@ -84,7 +84,7 @@ async def send(batch: Batch, principal, line: BatchLine) -> None:
                                       batch_line=key)
     except Exception:  # proxy.handle answers its own errors: a bug there is a platform failure (tried again)
         log.exception("the gateway raised on a batch line", extra={"batch": batch.pk, "custom_id": line.custom_id})
-        status, body, code, headers = 500, None, "internal_error", {}
+        status, body, error, code, headers = 500, None, None, "internal_error", {}
     else:
         status, headers = response.status_code, response.headers
         try:
@@ -104,9 +104,11 @@ async def send(batch: Batch, principal, line: BatchLine) -> None:
         return
     if body is None:
         body = ApplicationError("The gateway had an internal error.", code=code, status=status).openai_body()
+        error = body["error"]
     await accounting.accounted(line.request_id)  # billed durably before the line says answered
-    message = ((body.get("error") or {}) if isinstance(body, dict) else {}).get("message", f"HTTP {status}")
-    line_error = None if status == 200 else {"code": code or "request_failed", "message": message}
+    message = error.get("message") if isinstance(error, dict) else None
+    line_error = None if status == 200 else {"code": code or "request_failed",
+                                             "message": message if isinstance(message, str) else f"HTTP {status}"}
     await _store_answer(line, ok=status == 200, status_code=status, body=body, error=line_error)
 
 
