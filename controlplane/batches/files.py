@@ -16,7 +16,7 @@ from django.db.models import Sum
 
 from controlplane.errors import ApplicationError
 
-from . import conf
+from . import conf, storable
 from .models import StoredFile
 from .storage import files_storage
 
@@ -32,7 +32,8 @@ def invalid(message: str, param: str | None = None, code: str = "invalid_request
 
 
 def count_json_lines(data: bytes) -> int:
-    """The number of non-blank lines; 400 naming the first line that is not a JSON object."""
+    """The number of non-blank lines; 400 naming the first line that is not a JSON object or that
+    holds what a line's row cannot store (storable.py)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -47,6 +48,10 @@ def count_json_lines(data: bytes) -> int:
             raise invalid(f"Line {number} of the file is not valid JSON.", "file", "invalid_file") from None
         if not isinstance(value, dict):
             raise invalid(f"Line {number} of the file is not a JSON object.", "file", "invalid_file")
+        where = storable.line_nul_at(line, value)
+        if where is not None:  # PostgreSQL cannot store it: refused here, not found stuck at validation
+            raise invalid(f"Line {number} of the file holds a NUL character (\\u0000) in {where}, which cannot "
+                          "be stored. Remove it from the line.", "file", "invalid_file")
         count += 1
     return count
 
