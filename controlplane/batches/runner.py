@@ -27,7 +27,7 @@ from controlplane.errors import ApplicationError
 from controlplane.gateway import accounting, proxy, upstream
 from controlplane.gateway.workers import get_registry
 
-from . import conf, lines
+from . import conf, lines, output
 from .finalize import batch_finalize
 from .models import Batch, BatchLine
 from .services import ENDPOINTS, TERMINAL, batch_validate
@@ -117,9 +117,9 @@ async def _send(batch: Batch, principal, line: BatchLine) -> None:
 async def _send_once(batch: Batch, principal, line: BatchLine) -> None:
     response = await proxy.handle(HttpRequest(), ENDPOINTS[batch.endpoint], body=orjson.dumps(line.body),
                                   principal=principal, request_id=line.request_id, batch_id=batch.id)
-    status = response.status_code
+    status, content = output.capped(response.status_code, response.content)  # parsed and stored only under the cap
     try:
-        body = orjson.loads(response.content)
+        body = orjson.loads(content)
     except orjson.JSONDecodeError:
         body = {"error": {"message": "The worker's answer was not JSON.", "type": "server_error", "code": "bad_answer"}}
     error = body.get("error") if isinstance(body, dict) and status != 200 else None
