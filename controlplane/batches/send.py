@@ -35,7 +35,7 @@ from controlplane.errors import ApplicationError
 from controlplane.gateway import accounting, proxy
 from controlplane.gateway.dependencies import dependency_of
 
-from . import conf, lines
+from . import conf, lines, output
 from .models import Batch, BatchLine
 from .services import ENDPOINTS
 
@@ -86,9 +86,10 @@ async def send(batch: Batch, principal, line: BatchLine) -> None:
         log.exception("the gateway raised on a batch line", extra={"batch": batch.pk, "custom_id": line.custom_id})
         status, body, error, code, headers = 500, None, None, "internal_error", {}
     else:
-        status, headers = response.status_code, response.headers
+        headers = response.headers
+        status, content = output.capped(response.status_code, response.content)  # parsed and stored only under the cap
         try:
-            body = orjson.loads(response.content)
+            body = orjson.loads(content)
         except orjson.JSONDecodeError:
             body = BAD_ANSWER
         error = body.get("error") if isinstance(body, dict) and status != 200 else None

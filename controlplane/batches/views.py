@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import orjson
-from django.http import HttpRequest, HttpResponse
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from controlplane.asyncdb import db_call
 from controlplane.errors import ApplicationError
@@ -14,6 +15,7 @@ from controlplane.gateway.views import openai_endpoint
 from . import files, services
 
 MAX_PAGE = 100
+CONTENT_CHUNK = 256 * 1024  # bytes a file's content is sent in
 
 
 def _limit(request: HttpRequest, default: int = 20) -> int:
@@ -79,12 +81,25 @@ async def file_detail(request: HttpRequest, file_id: str) -> HttpResponse:
 @openai_endpoint("GET")
 async def file_content(request: HttpRequest, file_id: str) -> HttpResponse:
     async def work(principal, request_id):
-        _, data = await db_call(files.file_content, tenant_id=principal.tenant_id, file_id=file_id)
-        response = HttpResponse(data, content_type="application/jsonl")
+        stored, handle = await db_call(files.file_open, tenant_id=principal.tenant_id, file_id=file_id)
+        # An async iterator: Django would read a sync one whole into memory before serving it (ASGI).
+        response = StreamingHttpResponse(_chunks(handle), content_type="application/jsonl")
+        response["Content-Length"] = str(stored.bytes)
         response["x-request-id"] = request_id
         return response
 
     return await _answer(request, work)
+
+
+async def _chunks(handle):
+    """The file's bytes, CONTENT_CHUNK at a time (an output file may hold the tenant's whole cap), read
+    off the event loop (the storage may be a network store)."""
+    read = sync_to_async(handle.read, thread_sensitive=False)
+    try:
+        while chunk := await read(CONTENT_CHUNK):
+            yield chunk
+    finally:
+        await sync_to_async(handle.close, thread_sensitive=False)()
 
 
 @openai_endpoint("GET", "POST")
