@@ -11,7 +11,7 @@ renews them all every third of the TTL, in one limiter call (`Limiter.renew`: on
 Redis script per tenant). A live request's reservation thus always has at least two thirds of the
 TTL ahead of it; a dead gateway's stop being renewed and expire as before. Meters are held weakly and
 dropped when finished, so a request that ends by any path (or is collected unfinished) is never
-renewed again, and the task ends when nothing is held.
+renewed again, and the task ends when nothing is held (at once when the last request finishes).
 """
 
 from __future__ import annotations
@@ -57,8 +57,14 @@ def hold(meter: Meter) -> None:
 
 
 def release(meter: Meter) -> None:
-    for held in list(_held.values()):
+    """Stop renewing `meter`'s reservation; with nothing left to renew on its loop, stop that loop's
+    task too (an idle process keeps no timer, and a loop that closes leaves no task behind)."""
+    for loop, held in list(_held.items()):
+        if meter not in held:
+            continue
         held.discard(meter)
+        if not held and (ticker := _tickers.pop(loop, None)) is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(ticker.cancel)
 
 
 async def _renew_while_held(loop: asyncio.AbstractEventLoop) -> None:

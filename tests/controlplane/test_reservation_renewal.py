@@ -51,3 +51,7 @@ async def test_a_stream_longer_than_the_ttl_keeps_its_seat(backend, request, gat
     for worker in workers:
         worker.token_delay = 0.0
     assert (await post(secret, SHORT)).status == 200  # the seat came back when the stream ended
+    await drain()
+    await asyncio.sleep(0.05)
+    renewing = [t for t in asyncio.all_tasks() if t.get_name() == "reservation-renewal" and not t.done()]
+    assert renewing == []  # nothing in flight: no timer left behind
