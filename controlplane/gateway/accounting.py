@@ -33,7 +33,7 @@ from tenants.auth import KeyPrincipal
 from tenants.limits import BudgetSeed, LimitPlan, Settlement, get_limiter
 from tenants.limits.base import to_nano
 
-from . import journal, outages, usage_queue, usage_writer
+from . import journal, outages, renewal, usage_queue, usage_writer
 from .worker_usage import WorkerCounts
 from .workers import ModelTarget
 
@@ -157,7 +157,7 @@ async def budget_seed(tenant_id: int, period: dt.date, *, with_spend: bool) -> B
 # --- the meter ----------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True, eq=False)  # held weakly, by identity, while renewed (renewal.py)
 class Meter:
     request_id: str
     principal: KeyPrincipal
@@ -193,6 +193,7 @@ class Meter:
         if self.finished:
             return
         self.finished = True
+        renewal.release(self)
         latency_ms = (time.perf_counter() - self.started) * 1000
         event = UsageEvent(
             request_id=self.request_id,

@@ -33,7 +33,7 @@ from tenants import auth, auth_throttle
 from tenants.auth import KeyPrincipal
 from tenants.limits import LimitPlan, get_limiter, period_start, refusals
 
-from . import accounting, admission, journal, outages, parsing, upstream, usage_writer, worker_usage
+from . import accounting, admission, journal, outages, parsing, renewal, upstream, usage_writer, worker_usage
 from .accounting import Meter
 from .prefix_routing import prefix_key, prompt_text
 from .responses import error_response, ratelimit_headers, refusal
@@ -282,6 +282,7 @@ async def handle(request: HttpRequest, kind: str, *, body: bytes | None = None,
         extra_headers = ratelimit_headers(decision)
         meter = Meter(request_id, principal, target, plan, period, created_at, started, batch_id=batch_id,
                       batch_line=batch_line, embeddings=parsed.kind == "embeddings")
+        renewal.hold(meter)  # renewed until it is finished, however long it runs
         meter.logs_content = content_log.request(principal, request_id, raw)
         worker, response = await open_upstream(raw, parsed, principal, request_id, meter)
     except ApplicationError as exc:
