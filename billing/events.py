@@ -30,3 +30,7 @@ class UsageEvent:
     itl_ms: float | None = None  # mean inter-token latency of the stream, None unless >= 2 tokens streamed
     batch_id: str | None = None  # the batch (/v1/batches) a line belongs to: priced on the batch price line
     embeddings: bool = False  # a /v1/embeddings request: input tokens priced on the embeddings price line
+    # The batch line (its batch and custom_id, controlplane/batches/lines.py `line_ledger_key`) this request
+    # is an attempt of: the ledger bills a line once whichever attempt, and under whichever request id, it
+    # was served. None for everything that is not a batch line.
+    batch_line: str | None = None

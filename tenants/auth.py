@@ -114,10 +114,15 @@ def _load(key_hash: str) -> KeyPrincipal | None:
 
 def cached_lookup(secret: str) -> tuple[bool, KeyPrincipal | None]:
     """(hit, principal) from the process cache without touching the database."""
+    return cached_lookup_hash(hash_secret(secret))
+
+
+def cached_lookup_hash(key_hash: str) -> tuple[bool, KeyPrincipal | None]:
+    """`cached_lookup` for a key known by its stored hash (a batch's runner holds no secret)."""
     ttl = settings.TESSERA_AUTH_CACHE_SECONDS
     if ttl <= 0:
         return False, None
-    entry = _cache.get(hash_secret(secret))
+    entry = _cache.get(key_hash)
     if entry is None or entry[0] < time.monotonic():
         return False, None
     return True, entry[1]
@@ -125,7 +130,11 @@ def cached_lookup(secret: str) -> tuple[bool, KeyPrincipal | None]:
 
 def lookup(secret: str) -> KeyPrincipal | None:
     """Database lookup (sync), filling the cache; None when no key has this secret."""
-    key_hash = hash_secret(secret)
+    return lookup_hash(hash_secret(secret))
+
+
+def lookup_hash(key_hash: str) -> KeyPrincipal | None:
+    """`lookup` for a key known by its stored hash."""
     principal = _load(key_hash)
     ttl = settings.TESSERA_AUTH_CACHE_SECONDS
     now = time.monotonic()
@@ -144,7 +153,12 @@ def lookup(secret: str) -> KeyPrincipal | None:
 def last_known(secret: str) -> tuple[bool, KeyPrincipal | None]:
     """(hit, principal) as the database said within TESSERA_AUTH_STALE_SECONDS: for a gateway whose
     database does not answer right now. A miss means the caller must refuse (503)."""
-    entry = _last_known.get(hash_secret(secret))
+    return last_known_hash(hash_secret(secret))
+
+
+def last_known_hash(key_hash: str) -> tuple[bool, KeyPrincipal | None]:
+    """`last_known` for a key known by its stored hash."""
+    entry = _last_known.get(key_hash)
     if entry is None or time.monotonic() - entry[0] > settings.TESSERA_AUTH_STALE_SECONDS:
         return False, None
     return True, entry[1]

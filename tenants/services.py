@@ -16,7 +16,7 @@ from controlplane.errors import ApplicationError
 from . import auth
 from .keys import generate_secret, hash_secret, visible_prefix
 from .models import APIKey, Tenant, TenantStatus, Tier
-from .scopes import key_grant_check
+from .scopes import ACCESS_FIELDS, key_change_check, key_grant_check
 
 DEFAULT_ROTATION_GRACE = timedelta(hours=24)
 
@@ -232,23 +232,28 @@ def api_key_rotate(
 
 
 def api_key_update(*, tenant: Tenant, key: APIKey, granted_by: auth.KeyPrincipal | None = None, **fields) -> APIKey:
-    """Change the given fields. `granted_by` (a managing key; None for operators) may not widen any
-    key's scopes beyond its own, nor clear or extend an expiry past its own (its own key included)."""
+    """Change the given fields. `granted_by` (a managing key; None for operators) may change a key
+    only if the result is one it could have created: within its own scopes and expiry, whatever the
+    fields sent (its own key included). A rename alone is always allowed."""
     _check_owner(tenant, key)
-    allowed = {"name", "allowed_models", "allowed_adapters", "expires_at", "can_manage"}
+    allowed = {"name", *ACCESS_FIELDS}
     unknown = set(fields) - allowed
     if unknown:
         raise ApplicationError(f"Unknown key fields: {sorted(unknown)}", code="invalid_field")
-    key_grant_check(granted_by=granted_by, **fields)
     for field in ("allowed_models", "allowed_adapters"):
         if field in fields:
             fields[field] = sorted(set(fields[field]))
     with audit.change("api_key.update", key):
+        # Judge the row as it is now, locked: two changes racing must not each pass against a stale copy.
+        stored = APIKey.objects.select_for_update().get(pk=key.pk)
+        key_change_check(
+            granted_by=granted_by, current={f: getattr(stored, f) for f in ACCESS_FIELDS}, changes=fields
+        )
         for field, value in fields.items():
-            setattr(key, field, value)
-        key.save(update_fields=list(fields))
+            setattr(stored, field, value)
+        stored.save(update_fields=list(fields))
     _forget_cached_keys()
-    return key
+    return stored
 
 
 def api_keys_touch(*, used: dict[int, datetime]) -> None:

@@ -43,6 +43,9 @@ class UsageRecord(models.Model):
     # The batch (/v1/batches) a request was a line of: priced at the price's batch_percent, and a
     # column of the finance export so a batch's cost can be summed.
     batch_id = models.CharField(max_length=40, blank=True, default="")
+    # A batch line's ledger identity (its batch and custom_id): unique, so that however often the line is
+    # sent (a retry, a runner that died before storing the answer), the database keeps one row for it.
+    batch_line = models.CharField(max_length=80, blank=True, default="")
     # A /v1/embeddings request: its input tokens are priced at the price's embeddings rate (own line).
     embeddings = models.BooleanField(default=False)
     created_at = models.DateTimeField(help_text="When the request started; the price in force then applies.")
@@ -71,6 +74,8 @@ class UsageRecord(models.Model):
         ]
         constraints = [
             models.CheckConstraint(condition=Q(cached_tokens__lte=F("prompt_tokens")), name="billing_usage_cached_le_prompt"),
+            models.UniqueConstraint(fields=["batch_line"], condition=~Q(batch_line=""),
+                                    name="billing_usage_batch_line_unique"),
         ]
 
     def __str__(self) -> str:

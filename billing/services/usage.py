@@ -28,6 +28,8 @@ def _validate(event: UsageEvent) -> None:
         raise BillingError(f"usage event {event.request_id}: cached_tokens exceeds prompt_tokens")
     if event.status not in STATUSES:
         raise BillingError(f"usage event {event.request_id}: unknown status {event.status!r}")
+    if event.batch_line and (len(event.batch_line) > 80 or not event.batch_id):
+        raise BillingError(f"usage event {event.request_id}: a batch_line needs a batch_id and at most 80 characters")
 
 
 def _priced_fields(*, prompt: int, cached: int, completion: int, price: Price | None, batch: bool = False,
@@ -64,6 +66,17 @@ def _same_usage(record: UsageRecord, event: UsageEvent) -> bool:
 
 def _existing(event: UsageEvent) -> UsageRecord | None:
     record = UsageRecord.objects.filter(request_id=event.request_id).first()
+    if record is None and event.batch_line:
+        record = UsageRecord.objects.filter(batch_line=event.batch_line).first()
+        if record is not None:
+            # Another attempt of the same batch line (a retry, or a re-send after its runner died) was
+            # billed already: the line is billed once, whatever this attempt served.
+            logger.warning(
+                "batch line already billed under another request; this attempt is not billed",
+                extra={"request_id": event.request_id, "billed_request_id": record.request_id,
+                       "batch_id": event.batch_id},
+            )
+            return record
     if record is not None and not _same_usage(record, event):
         # First write wins: the ledger never changes a billed request. Loud, because the producer is wrong.
         logger.warning(
@@ -73,15 +86,23 @@ def _existing(event: UsageEvent) -> UsageRecord | None:
     return record
 
 
-def usage_record_ingest(*, event: UsageEvent) -> UsageRecord:
+def usage_record_ingest(*, event: UsageEvent) -> UsageRecord | None:
     """Write the ledger row for one served request, exactly once.
 
     Idempotent on `event.request_id`: a duplicate delivery, a retry after a crash, or the same event
     ingested concurrently by several processes all return the one row (the unique index decides;
     the loser of the race reads the winner's row). Priced at write time with the price in force at
     `event.created_at`; the price id is kept. Safe inside a caller's transaction (uses a savepoint).
+
+    A batch line's attempts (`event.batch_line` set) are also unique on the line: the first attempt
+    that served tokens is the line's one row, and any other attempt of it returns that row, billed
+    nothing more. An attempt that served nothing writes no row (None back), so that it cannot take
+    the line's place before the attempt that is served: a line has at most one ledger row, the one
+    that bills it.
     """
     _validate(event)
+    if event.batch_line and event.prompt_tokens == 0 and event.completion_tokens == 0:
+        return None
     # No "does it exist?" read first: duplicates are rare, so the unique index answers them and the
     # common path is three statements (price, key prefix, insert).
     price = price_lookup(model=event.model, adapter=event.adapter, tier=event.tier, at=event.created_at)
@@ -104,6 +125,7 @@ def usage_record_ingest(*, event: UsageEvent) -> UsageRecord:
         itl_ms=event.itl_ms,
         created_at=event.created_at,
         batch_id=event.batch_id or "",
+        batch_line=event.batch_line or "",
         embeddings=event.embeddings,
         **_priced_fields(
             prompt=event.prompt_tokens, cached=event.cached_tokens, completion=event.completion_tokens, price=price,

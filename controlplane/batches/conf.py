@@ -26,7 +26,7 @@ def file_max_lines() -> int:
 
 
 def tenant_max_bytes() -> int:
-    """All of a tenant's stored files together (inputs and outputs)."""
+    """All of a tenant's stored files together: inputs, and batches' output and error files."""
     return _int("TESSERA_FILES_TENANT_MAX_BYTES", 10 * 1024 * 1024 * 1024)
 
 
@@ -56,5 +56,18 @@ def lease_seconds() -> float:
 
 
 def max_attempts() -> int:
-    """Tries of a line that meets a platform failure (5xx) before it fails."""
+    """Tries of a line that meets a platform failure (a 5xx, or its runner dying under it) before it fails."""
     return _int("TESSERA_BATCH_LINE_ATTEMPTS", 5)
+
+
+def db_wait_seconds() -> float:
+    """How long a runner waits out a database that does not answer (storing an answer, renewing its
+    lease) before it gives up; the batch is resumed once the database is back (tasks.py)."""
+    return _float("TESSERA_BATCH_DB_WAIT_SECONDS", 60.0)
+
+
+def max_line_output_bytes() -> int:
+    """The largest answer one batch line may store (its body as the worker sent it); a larger one fails
+    the line `output_too_large`. 16 MiB: an embeddings line of 2,048 inputs of a 576-wide model is about
+    6 MB as base64 and 23 MB as JSON floats."""
+    return _int("TESSERA_BATCH_MAX_LINE_OUTPUT_BYTES", 16 * 1024 * 1024)

@@ -8,15 +8,16 @@ total (TESSERA_FILES_TENANT_MAX_BYTES). Another tenant's file is a 404, never a 
 from __future__ import annotations
 
 import uuid
+from typing import IO
 
 import orjson
-from django.core.files.base import ContentFile
+from django.core.files.base import ContentFile, File
 from django.db import transaction
 from django.db.models import Sum
 
 from controlplane.errors import ApplicationError
 
-from . import conf
+from . import conf, storable
 from .models import StoredFile
 from .storage import files_storage
 
@@ -32,7 +33,8 @@ def invalid(message: str, param: str | None = None, code: str = "invalid_request
 
 
 def count_json_lines(data: bytes) -> int:
-    """The number of non-blank lines; 400 naming the first line that is not a JSON object."""
+    """The number of non-blank lines; 400 naming the first line that is not a JSON object or that
+    holds what a line's row cannot store (storable.py)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -47,6 +49,10 @@ def count_json_lines(data: bytes) -> int:
             raise invalid(f"Line {number} of the file is not valid JSON.", "file", "invalid_file") from None
         if not isinstance(value, dict):
             raise invalid(f"Line {number} of the file is not a JSON object.", "file", "invalid_file")
+        where = storable.line_nul_at(line, value)
+        if where is not None:  # PostgreSQL cannot store it: refused here, not found stuck at validation
+            raise invalid(f"Line {number} of the file holds a NUL character (\\u0000) in {where}, which cannot "
+                          "be stored. Remove it from the line.", "file", "invalid_file")
         count += 1
     return count
 
@@ -67,35 +73,53 @@ def file_create(*, tenant_id: int, filename: str, data: bytes, purpose: str) -> 
     return _store(tenant_id=tenant_id, filename=filename, data=data, purpose=purpose, lines=lines)
 
 
-def _store(*, tenant_id: int, filename: str, data: bytes, purpose: str, lines: int, file_id: str | None = None) -> StoredFile:
-    file_id = file_id or new_file_id()
-    with transaction.atomic():
-        # The tenant's row serialises its uploads, so two concurrent uploads cannot both pass the cap.
+def tenant_bytes(*, tenant_id: int, lock: bool = False) -> int:
+    """The bytes of all the tenant's files: inputs, outputs and errors. With `lock`, the tenant's row
+    is held until the transaction ends: every write that counts against the cap takes it first, so
+    that two (an upload and a batch's output, or two uploads) cannot both pass the cap."""
+    if lock:
         from tenants.models import Tenant
 
-        Tenant.objects.select_for_update().filter(pk=tenant_id).first()
-        used = StoredFile.objects.filter(tenant_id=tenant_id).aggregate(n=Sum("bytes"))["n"] or 0
-        if purpose != StoredFile.Purpose.BATCH_OUTPUT and used + len(data) > conf.tenant_max_bytes():
+        # NO KEY: rows that only reference the tenant (its usage, its keys) are inserted meanwhile.
+        Tenant.objects.select_for_update(no_key=True).filter(pk=tenant_id).first()
+    return StoredFile.objects.filter(tenant_id=tenant_id).aggregate(n=Sum("bytes"))["n"] or 0
+
+
+def _store(*, tenant_id: int, filename: str, data: bytes, purpose: str, lines: int) -> StoredFile:
+    file_id = new_file_id()
+    with transaction.atomic():
+        used = tenant_bytes(tenant_id=tenant_id, lock=True)
+        if used + len(data) > conf.tenant_max_bytes():
             raise ApplicationError(
                 f"Storing this file would take the tenant's files to {used + len(data)} bytes, over its cap "
                 f"of {conf.tenant_max_bytes()}. Delete files you no longer need.",
                 code="storage_quota_exceeded", status=413, param="file")
-        name = files_storage().save(f"{tenant_id}/{file_id}", ContentFile(data))
-        try:
-            return StoredFile.objects.create(id=file_id, tenant_id=tenant_id, purpose=purpose, filename=filename[:255],
-                                             bytes=len(data), lines=lines, storage_name=name)
-        except Exception:
-            files_storage().delete(name)
-            raise
+        return _save(tenant_id=tenant_id, file_id=file_id, filename=filename, content=ContentFile(data),
+                     size=len(data), purpose=purpose, lines=lines)
 
 
-def output_file_create(*, tenant_id: int, file_id: str, filename: str, data: bytes, lines: int) -> StoredFile:
-    """A batch's output or error file; idempotent on `file_id` (a finalize that runs twice stores once)."""
-    existing = StoredFile.objects.filter(pk=file_id).first()
-    if existing is not None:
-        return existing
-    return _store(tenant_id=tenant_id, filename=filename, data=data, purpose=StoredFile.Purpose.BATCH_OUTPUT,
-                  lines=lines, file_id=file_id)
+def _save(*, tenant_id: int, file_id: str, filename: str, content: File, size: int, purpose: str,
+          lines: int) -> StoredFile:
+    storage = files_storage()
+    name = storage.save(f"{tenant_id}/{file_id}", content)  # the storage reads `content` in chunks
+    try:
+        return StoredFile.objects.create(id=file_id, tenant_id=tenant_id, purpose=purpose, filename=filename[:255],
+                                         bytes=size, lines=lines, storage_name=name)
+    except Exception:
+        storage.delete(name)
+        raise
+
+
+def output_file_store(*, tenant_id: int, file_id: str, filename: str, content: File, size: int,
+                      lines: int) -> StoredFile:
+    """A batch's output or error file, `size` bytes read from `content` (a file on disk, never the
+    whole output in memory). The caller holds the tenant's row (tenant_bytes(lock=True)) and has
+    already kept the output within the tenant's cap (output.py)."""
+    storage = files_storage()
+    if storage.exists(f"{tenant_id}/{file_id}"):  # bytes of a finalize killed before its rows were committed
+        storage.delete(f"{tenant_id}/{file_id}")
+    return _save(tenant_id=tenant_id, file_id=file_id, filename=filename, content=content, size=size,
+                 purpose=StoredFile.Purpose.BATCH_OUTPUT, lines=lines)
 
 
 def file_get(*, tenant_id: int, file_id: str) -> StoredFile:
@@ -116,9 +140,18 @@ def file_list(*, tenant_id: int, purpose: str | None, limit: int, after: str | N
     return list(rows.order_by(*order)[:limit])
 
 
-def file_content(*, tenant_id: int, file_id: str) -> tuple[StoredFile, bytes]:
+def file_open(*, tenant_id: int, file_id: str) -> tuple[StoredFile, IO[bytes]]:
+    """The file and its bytes opened for reading: a reader takes them in chunks (an output file may
+    hold up to the tenant's whole cap)."""
     found = file_get(tenant_id=tenant_id, file_id=file_id)
-    with files_storage().open(found.storage_name, "rb") as handle:
+    return found, files_storage().open(found.storage_name, "rb")
+
+
+def file_content(*, tenant_id: int, file_id: str) -> tuple[StoredFile, bytes]:
+    """The whole file in memory: for a file known to be small, such as an input file (its upload's cap
+    bounds it). Readers of output files use file_open."""
+    found, handle = file_open(tenant_id=tenant_id, file_id=file_id)
+    with handle:
         return found, handle.read()
 
 

@@ -1,14 +1,14 @@
 """A batch's end: its output file (a line per answered request) and error file (a line per failed
-one, with its custom_id), then its terminal status. Idempotent: the files' ids derive from the
-batch's, so a finalize interrupted and run again stores each file once."""
+one, with its custom_id), then its terminal status. The files are written line by line, within the
+tenant's storage cap (output.py). Idempotent: the files' ids derive from the batch's, and everything
+is one transaction, so a finalize interrupted and run again stores each file once."""
 
 from __future__ import annotations
 
-import orjson
 from django.db import transaction
 from django.utils import timezone
 
-from . import files
+from . import conf, files, output
 from .models import Batch, BatchLine
 from .services import TERMINAL
 
@@ -18,12 +18,17 @@ UNANSWERED = {
 }
 
 
-def _record(line: BatchLine) -> dict:
-    response = None
-    if line.status_code is not None:
-        response = {"status_code": line.status_code, "request_id": line.request_id, "body": line.response}
-    return {"id": f"batch_req_{line.batch_id[6:]}_{line.line_no}", "custom_id": line.custom_id,
-            "response": response, "error": line.error if line.state == BatchLine.State.FAILED else None}
+def _written_within_cap(batch: Batch) -> output.Written:
+    """The batch's files, the output within what the tenant's cap leaves. They are written before
+    the tenant's row is taken (writing gigabytes must not hold up the tenant's uploads), then checked
+    again under it; an upload that took the room meanwhile means writing them again, holding it."""
+    cap = conf.tenant_max_bytes()
+    written = output.write(batch, room=cap - files.tenant_bytes(tenant_id=batch.tenant_id))
+    used = files.tenant_bytes(tenant_id=batch.tenant_id, lock=True)
+    if used + written.output.bytes <= cap:
+        return written
+    written.close()
+    return output.write(batch, room=cap - used)
 
 
 def batch_finalize(*, batch_id: str) -> Batch:
@@ -41,17 +46,11 @@ def batch_finalize(*, batch_id: str) -> Batch:
             batch.lines.filter(state__in=[BatchLine.State.PENDING, BatchLine.State.RUNNING]).update(
                 state=BatchLine.State.FAILED, error={"code": code, "message": message})
         batch.finalizing_at = batch.finalizing_at or now
-        ok, failed = [], []
-        for line in batch.lines.order_by("line_no"):
-            (ok if line.state == BatchLine.State.SUCCEEDED else failed).append(_record(line))
-        for records, suffix, field in ((ok, "o", "output_file_id"), (failed, "e", "error_file_id")):
-            if records:
-                data = b"".join(orjson.dumps(r) + b"\n" for r in records)
-                stored = files.output_file_create(
-                    tenant_id=batch.tenant_id, file_id=f"file-{batch.id[6:28]}{suffix}{suffix}",
-                    filename=f"{batch.id}_{'output' if suffix == 'o' else 'error'}.jsonl", data=data, lines=len(records))
-                setattr(batch, field, stored.id)
-        batch.request_completed, batch.request_failed = len(ok), len(failed)
+        written = _written_within_cap(batch)
+        try:
+            output.store(batch, written)
+        finally:
+            written.close()
         batch.status = end
         setattr(batch, {Batch.Status.CANCELLED: "cancelled_at", Batch.Status.EXPIRED: "expired_at",
                         Batch.Status.COMPLETED: "completed_at"}[end], now)

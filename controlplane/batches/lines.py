@@ -1,17 +1,22 @@
 """The database side of running a batch: the lease, claiming lines, recording answers.
 
-Exactly once per line: a line is claimed (pending → running) with the request id it is sent under,
-and answered (running → succeeded/failed) in one UPDATE guarded by that id. A runner that dies
-leaves lines `running`; the next runner (once the lease has passed) recovers them: an attempt
-already in the ledger with tokens is re-sent under the *same* request id, so the ledger (first
-write wins) bills it once; an attempt only in the usage journal is released (its reservation
-settled to nothing, its row removed: the client is billed for the answer it gets, not for a
-request its runner never saw finish) and the line is sent again under a new id.
+Billed once by construction: every attempt of a line carries the line's ledger identity
+(`line_ledger_key`: its batch and custom_id), on which the ledger is unique (billing's
+`UsageRecord.batch_line`), so no second attempt, under whatever request id, can add a second row.
+
+Answered once: a line is claimed (pending → running) with the request id it is sent under, and
+answered (running → succeeded/failed) in one UPDATE guarded by that id. A runner that dies leaves
+lines `running`; the next runner (once the lease has passed) recovers them: a line already in the
+ledger is re-sent under the request id it was billed under (its output line names the ledger's
+row), one only in the usage journal is released (its reservation settled to nothing, its row
+removed: the client is billed for the answer it gets) and sent again under a new id. A line whose
+runner died under it TESSERA_BATCH_LINE_ATTEMPTS times fails instead of taking the next one down.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import uuid
 
 from django.db import transaction
@@ -47,15 +52,31 @@ def _line_request_id(line: BatchLine) -> str:
     return f"req_b{line.pk}_{uuid.uuid4().hex[:12]}"
 
 
+def line_ledger_key(*, batch_id: str, custom_id: str) -> str:
+    """The line's identity in the ledger: its batch and custom_id (unique together in a batch), the
+    custom_id hashed to bound the length (it may be 512 characters, of any text)."""
+    digest = hashlib.sha256(custom_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{batch_id}:{digest}"
+
+
 def stale_lines(*, batch_id: str) -> list[BatchLine]:
     return list(BatchLine.objects.filter(batch_id=batch_id, state=BatchLine.State.RUNNING))
 
 
-def line_requeue_stale(*, line_id: int, reuse_request_id: bool) -> None:
-    update = {"state": BatchLine.State.PENDING}
-    if not reuse_request_id:
-        update["request_id"] = ""
-    BatchLine.objects.filter(pk=line_id, state=BatchLine.State.RUNNING).update(**update)
+RUNNER_DIED = {"code": "attempts_exhausted",
+               "message": "The batch runner stopped while running this request on each of its tries; "
+                          "it is not sent again."}
+
+
+def line_requeue_stale(*, line_id: int, billed_request_id: str) -> bool:
+    """A dead runner's line back to pending (under `billed_request_id` when the ledger has billed it,
+    else a new id to come); failed instead once its tries are spent. True when requeued."""
+    rows = BatchLine.objects.filter(pk=line_id, state=BatchLine.State.RUNNING)
+    if rows.filter(attempts__gte=conf.max_attempts()).update(
+            state=BatchLine.State.FAILED, status_code=500, error=RUNNER_DIED,
+            response={"error": {**RUNNER_DIED, "type": "server_error", "param": None}}):
+        return False
+    return bool(rows.update(state=BatchLine.State.PENDING, request_id=billed_request_id))
 
 
 def line_claim(*, batch_id: str, limit: int) -> list[BatchLine]:
@@ -75,10 +96,17 @@ def line_claim(*, batch_id: str, limit: int) -> list[BatchLine]:
     return rows
 
 
-def line_answer(*, line_id: int, request_id: str, ok: bool, status_code: int, body, error: dict | None) -> None:
-    BatchLine.objects.filter(pk=line_id, state=BatchLine.State.RUNNING, request_id=request_id).update(
+def line_answer(*, line_id: int, request_id: str, ok: bool, status_code: int, body, error: dict | None) -> bool:
+    """Store the attempt's outcome; False when the line is no longer this attempt's (answered already)."""
+    return bool(BatchLine.objects.filter(pk=line_id, state=BatchLine.State.RUNNING, request_id=request_id).update(
         state=BatchLine.State.SUCCEEDED if ok else BatchLine.State.FAILED, status_code=status_code, response=body,
-        error=error)
+        error=error))
+
+
+def lines_fail_pending(*, batch_id: str, status_code: int, body: dict, error: dict) -> int:
+    """Every line not yet sent fails with this error (the batch's key may no longer send)."""
+    return BatchLine.objects.filter(batch_id=batch_id, state=BatchLine.State.PENDING).update(
+        state=BatchLine.State.FAILED, status_code=status_code, response=body, error=error)
 
 
 def line_retry(*, line_id: int, request_id: str, after_seconds: float, count_attempt: bool) -> None:

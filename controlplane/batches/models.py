@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from .fields import JSONTextField
+
 
 class StoredFile(models.Model):
     class Purpose(models.TextChoices):
@@ -95,10 +97,11 @@ class BatchLine(models.Model):
     body = models.JSONField()
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     attempts = models.PositiveSmallIntegerField(default=0)
-    request_id = models.CharField(max_length=64, blank=True, default="")  # the ledger's key for this line
+    request_id = models.CharField(max_length=64, blank=True, default="")  # the attempt now (or last) sent
     status_code = models.PositiveSmallIntegerField(null=True, blank=True)
-    response = models.JSONField(null=True, blank=True)  # the answer's body (an error body for a failure)
-    error = models.JSONField(null=True, blank=True)  # {"code", "message"} for a line that failed
+    # JSON as text, not jsonb: a model's answer may hold a NUL, which jsonb refuses (fields.py).
+    response = JSONTextField(null=True, blank=True)  # the answer's body (an error body for a failure)
+    error = JSONTextField(null=True, blank=True)  # {"code", "message"} for a line that failed
     not_before = models.DateTimeField(null=True, blank=True)  # a retried line waits until then
 
     class Meta:

@@ -11,12 +11,12 @@ import datetime as dt
 import uuid
 
 import orjson
-from django.db import transaction
+from django.db import DataError, transaction
 from django.utils import timezone
 
 from controlplane.errors import ApplicationError
 
-from . import files, signals
+from . import files, signals, storable
 from .models import Batch, BatchLine, StoredFile
 
 # A batch's endpoint -> the gateway's request kind its lines are sent as (proxy.handle): an embeddings
@@ -61,14 +61,26 @@ def _line_errors(data: bytes, endpoint: str) -> tuple[list[BatchLine], list[dict
     def error(number: int, code: str, message: str, param: str | None = None) -> None:
         errors.append({"code": code, "message": message, "param": param, "line": number})
 
-    for number, raw in enumerate(data.decode("utf-8").splitlines(), start=1):
+    for number, raw in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
+        if len(errors) >= MAX_ERRORS:
+            break
         if not raw.strip():
             continue
-        item = orjson.loads(raw)
+        try:  # checked at upload; a file stored under older rules is checked again here
+            item = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            item = None
+        if not isinstance(item, dict):
+            error(number, "invalid_json", "The line is not a JSON object.")
+            continue
         custom_id = item.get("custom_id")
         body = item.get("body")
+        nul = storable.line_nul_at(raw, item)
         if not isinstance(custom_id, str) or not 1 <= len(custom_id) <= 512:
             error(number, "invalid_custom_id", "custom_id must be a string of 1 to 512 characters.", "custom_id")
+        elif nul is not None:
+            error(number, "invalid_custom_id" if nul == "custom_id" else "invalid_body",
+                  f"The line holds a NUL character (\\u0000) in {nul}, which cannot be stored.", nul)
         elif custom_id in seen:
             error(number, "duplicate_custom_id", f"The custom_id {custom_id!r} is used by more than one line.",
                   "custom_id")
@@ -84,38 +96,72 @@ def _line_errors(data: bytes, endpoint: str) -> tuple[list[BatchLine], list[dict
         else:
             seen.add(custom_id)
             lines.append(BatchLine(line_no=number, custom_id=custom_id, body=body))
-        if len(errors) >= MAX_ERRORS:
-            break
     return lines, errors
 
 
 def batch_validate(*, batch_id: str) -> Batch:
-    """validating → in_progress (lines copied into rows) or failed (errors listed). Idempotent."""
+    """validating → in_progress (lines copied into rows), failed (errors listed: the input does not
+    validate, or its lines cannot be stored) or expired (its window passed first). Idempotent."""
     batch = Batch.objects.get(pk=batch_id)
     if batch.status != Batch.Status.VALIDATING:
         return batch
+    if batch.expires_at <= timezone.now():
+        batches_expire_validating(batch_id=batch_id)
+        return Batch.objects.get(pk=batch_id)
     try:
         _, data = files.file_content(tenant_id=batch.tenant_id, file_id=batch.input_file_id)
         lines, errors = _line_errors(data, batch.endpoint)
     except ApplicationError as exc:  # the input file was deleted meanwhile
-        lines, errors = [], [{"code": exc.code, "message": exc.message, "param": "input_file_id", "line": None}]
+        lines, errors = [], [_error(exc.code, exc.message, "input_file_id")]
+    except FileNotFoundError:  # its row is there, its bytes are not: no run will ever read them
+        lines, errors = [], [_error("file_not_found", "The input file's content is missing.", "input_file_id")]
     if not lines and not errors:
-        errors = [{"code": "empty_file", "message": "The input file has no requests.", "param": None, "line": None}]
+        errors = [_error("empty_file", "The input file has no requests.")]
     now = timezone.now()
     with transaction.atomic():
         batch = Batch.objects.select_for_update().get(pk=batch_id)
         if batch.status != Batch.Status.VALIDATING:
             return batch
+        if not errors:
+            errors = _lines_store(batch, lines)
         if errors:
             batch.status, batch.failed_at = Batch.Status.FAILED, now
             batch.errors = {"object": "list", "data": errors}
         else:
-            for line in lines:
-                line.batch = batch
-            BatchLine.objects.bulk_create(lines, ignore_conflicts=True)
             batch.status, batch.in_progress_at, batch.request_total = Batch.Status.IN_PROGRESS, now, len(lines)
         batch.save()
     return batch
+
+
+def _error(code: str, message: str, param: str | None = None, line: int | None = None) -> dict:
+    return {"code": code, "message": message, "param": param, "line": line}
+
+
+def _lines_store(batch: Batch, lines: list[BatchLine]) -> list[dict]:
+    """The lines as rows; the errors when the database refuses them. The checks above are meant to
+    leave nothing it refuses, but a refusal must fail the batch, not leave it `validating` to be
+    retried for ever (a DataError is the same on every try)."""
+    for line in lines:
+        line.batch = batch
+    try:
+        with transaction.atomic():  # a savepoint: the batch's own row is still written after a refusal
+            BatchLine.objects.bulk_create(lines, ignore_conflicts=True)
+    except DataError as exc:
+        # Its first line only (PostgreSQL's CONTEXT quotes the data), and never a NUL (the errors are jsonb too).
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0].replace("\x00", "")
+        return [_error("invalid_file", f"The input file's lines could not be stored: {reason}.")]
+    return []
+
+
+def batches_expire_validating(*, batch_id: str | None = None) -> int:
+    """Every batch (or the one) still `validating` once its window has passed is `expired`, as a batch
+    in any other live state is by its runner: a batch that can never be validated ends within its window."""
+    now = timezone.now()
+    rows = Batch.objects.filter(status=Batch.Status.VALIDATING, expires_at__lte=now)
+    return (rows.filter(pk=batch_id) if batch_id else rows).update(
+        status=Batch.Status.EXPIRED, expired_at=now, lease_until=None,
+        errors={"object": "list", "data": [_error(
+            "batch_expired", "The batch's completion window passed before its input file was validated.")]})
 
 
 def batch_cancel(*, tenant_id: int, batch_id: str) -> Batch:

@@ -2,8 +2,9 @@
 
 `batches.run` is idempotent and safe to run twice at once: the batch's lease lets one runner in,
 and each line is answered once (lines.py). A Celery worker killed mid-batch leaves the lease to
-expire; `batches.resume` (beat, every minute) enqueues every unfinished batch whose lease has
-passed, so the batch finishes without anyone asking.
+expire; `batches.resume` (beat, every minute) enqueues the unfinished batches whose lease has
+passed, oldest first and tenants in turns, so the batch finishes without anyone asking; a batch
+still `validating` when its window passes is expired there.
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ import asyncio
 import logging
 
 from celery import shared_task
-from django.db import DatabaseError
-from django.db.models import Q
+from django.db import DatabaseError, DataError
+from django.db.models import F, Q, Window
+from django.db.models.functions import RowNumber
 from django.dispatch import receiver
 from django.utils import timezone
 
 from . import signals
 
 log = logging.getLogger("tessera.batches")
+RESUME_PER_SWEEP = 100  # batches enqueued by one sweep (a minute apart)
 
 
 def enqueue_run(batch_id: str) -> None:
@@ -34,8 +37,9 @@ def _run_wanted(sender, *, batch_id: str, **kwargs) -> None:
     enqueue_run(batch_id)
 
 
-@shared_task(name="batches.run", acks_late=True, autoretry_for=(DatabaseError,), retry_backoff=True,
-             retry_backoff_max=60, max_retries=10)
+# A DataError (a value the database refuses) is the same on every try: retrying it only loads the queue.
+@shared_task(name="batches.run", acks_late=True, autoretry_for=(DatabaseError,), dont_autoretry_for=(DataError,),
+             retry_backoff=True, retry_backoff_max=60, max_retries=10)
 def batch_run(batch_id: str) -> str:
     from . import conf
     from .runner import BUSY, run
@@ -50,12 +54,24 @@ def batch_run(batch_id: str) -> str:
 
 @shared_task(name="batches.resume", acks_late=True)
 def batches_resume() -> list[str]:
+    """Expire what has outlived its window while `validating`, then enqueue up to RESUME_PER_SWEEP
+    stranded batches, fairly: each tenant's oldest first, the tenants taken in turns (every tenant's
+    oldest, then every tenant's second oldest, ...), so that one tenant's many stranded batches cannot
+    keep another's from resuming."""
+    from .services import batches_expire_validating
+
+    batches_expire_validating()
+    for batch_id in (stranded := stranded_batches(limit=RESUME_PER_SWEEP)):
+        enqueue_run(batch_id)
+    return stranded
+
+
+def stranded_batches(*, limit: int) -> list[str]:
     from .models import Batch
 
     live = [Batch.Status.VALIDATING, Batch.Status.IN_PROGRESS, Batch.Status.FINALIZING, Batch.Status.CANCELLING]
-    stranded = list(Batch.objects.filter(status__in=live)
-                    .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=timezone.now()))
-                    .values_list("pk", flat=True)[:100])
-    for batch_id in stranded:
-        enqueue_run(batch_id)
-    return stranded
+    turn = Window(RowNumber(), partition_by=[F("tenant_id")], order_by=[F("created_at").asc(), F("id").asc()])
+    return list(Batch.objects.filter(status__in=live)
+                .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=timezone.now()))
+                .annotate(turn=turn).order_by("turn", "created_at", "id")
+                .values_list("pk", flat=True)[:limit])

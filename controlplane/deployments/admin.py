@@ -22,6 +22,12 @@ def badge(status: str):
     return format_html('<b style="color:{}">{}</b>', STATUS_COLOURS.get(status, "#000"), status)
 
 
+def _may(request, codename: str) -> bool:
+    """Each admin action names the permission it needs (`@admin.action(permissions=[...])`): Django
+    shows and runs an action without one for anyone who may see the list, a read-only role included."""
+    return request.user.has_perm(f"deployments.{codename}")
+
+
 def _report(modeladmin, request, done: int, what: str, errors: list[str]) -> None:
     if done:
         modeladmin.message_user(request, f"{done} {what}.", messages.SUCCESS)
@@ -107,7 +113,7 @@ class AdapterAdmin(AuditedAdminMixin, admin.ModelAdmin):
             return HttpResponseRedirect(request.path)
         return super().response_add(request, obj, post_url_continue)
 
-    @admin.action(description="Unload and delete the selected adapters")
+    @admin.action(description="Unload and delete the selected adapters", permissions=["delete"])
     def delete_through_service(self, request, queryset):
         for adapter in queryset:
             services.adapter_delete(adapter=adapter)
@@ -126,6 +132,15 @@ class WorkerAdmin(admin.ModelAdmin):
     def has_add_permission(self, request) -> bool:
         return False  # workers register themselves
 
+    def has_drain_permission(self, request) -> bool:
+        return _may(request, "drain_worker")
+
+    def has_mark_dead_permission(self, request) -> bool:
+        return _may(request, "mark_dead_worker")
+
+    def has_release_permission(self, request) -> bool:
+        return _may(request, "release_worker")
+
     @admin.display(description="status", ordering="status")
     def status_badge(self, worker: Worker):
         return badge(worker.status)
@@ -140,25 +155,26 @@ class WorkerAdmin(admin.ModelAdmin):
             return "never"
         return f"{(timezone.now() - worker.last_heartbeat_at).total_seconds():.0f} s ago"
 
-    @admin.action(description="Drain: move replicas away, place nothing new")
+    @admin.action(description="Drain: move replicas away, place nothing new", permissions=["drain"])
     def drain(self, request, queryset):
         for worker in queryset:
             services.worker_cordon(worker=worker, cordoned=True)
         _report(self, request, len(queryset), "worker(s) draining", [])
 
-    @admin.action(description="Uncordon: take new replicas again")
+    @admin.action(description="Uncordon: take new replicas again", permissions=["drain"])
     def uncordon(self, request, queryset):
         for worker in queryset:
             services.worker_cordon(worker=worker, cordoned=False)
         _report(self, request, len(queryset), "worker(s) uncordoned", [])
 
-    @admin.action(description="Mark dead now and reschedule its replicas")
+    @admin.action(description="Mark dead now and reschedule its replicas", permissions=["mark_dead"])
     def mark_dead(self, request, queryset):
         for worker in queryset.exclude(status=WorkerStatus.DEAD):
             services.worker_mark_dead(worker=worker, reason=f"marked dead by {request.user}")
         _report(self, request, len(queryset), "worker(s) marked dead", [])
 
-    @admin.action(description="Release the registration: another process may register under this name")
+    @admin.action(description="Release the registration: another process may register under this name",
+                  permissions=["release"])
     def release(self, request, queryset):
         for worker in queryset:
             services.worker_release(worker=worker, reason=f"registration released by {request.user}")
@@ -197,6 +213,12 @@ class DeploymentAdmin(AuditedAdminMixin, admin.ModelAdmin):
             extra_context = {**(extra_context or {}), "panel": admin_panels.deployment_panel(deployment)}
         return super().change_view(request, object_id, form_url, extra_context)
 
+    def has_retry_permission(self, request) -> bool:
+        return _may(request, "retry_deployment")
+
+    def has_reconcile_permission(self, request) -> bool:
+        return _may(request, "reconcile_deployment")
+
     @admin.display(description="ready")
     def ready_replicas(self, deployment: Deployment) -> int:
         return deployment.replicas.filter(status=ReplicaStatus.READY).count()
@@ -220,19 +242,19 @@ class DeploymentAdmin(AuditedAdminMixin, admin.ModelAdmin):
             max_adapters=obj.max_adapters)
         obj.pk, obj._state.adding = created.pk, False
 
-    @admin.action(description="Retry the failed replicas")
+    @admin.action(description="Retry the failed replicas", permissions=["retry"])
     def retry_failed(self, request, queryset):
         failed = Replica.objects.filter(deployment__in=queryset, status=ReplicaStatus.FAILED)
         for replica in failed:
             services.replica_retry(replica=replica)
         _report(self, request, len(failed), "replica(s) retrying", [])
 
-    @admin.action(description="Reconcile now")
+    @admin.action(description="Reconcile now", permissions=["reconcile"])
     def reconcile_now(self, request, queryset):
         result = reconciler.reconcile()
         self.message_user(request, f"Reconciled: {result.as_dict()}", messages.SUCCESS)
 
-    @admin.action(description="Unload and delete the selected deployments")
+    @admin.action(description="Unload and delete the selected deployments", permissions=["delete"])
     def delete_through_service(self, request, queryset):
         for deployment in queryset:
             services.deployment_delete(deployment=deployment)
@@ -252,11 +274,14 @@ class ReplicaAdmin(admin.ModelAdmin):
     def has_add_permission(self, request) -> bool:
         return False  # deployments make replicas
 
+    def has_retry_permission(self, request) -> bool:
+        return _may(request, "retry_replica")
+
     @admin.display(description="status", ordering="status")
     def status_badge(self, replica: Replica):
         return badge(replica.status)
 
-    @admin.action(description="Retry (failed replicas only)")
+    @admin.action(description="Retry (failed replicas only)", permissions=["retry"])
     def retry(self, request, queryset):
         errors, done = [], 0
         for replica in queryset:

@@ -134,6 +134,13 @@ class Worker(models.Model):
     class Meta:
         ordering = ["name"]
         indexes = [models.Index(fields=["status", "last_heartbeat_at"])]
+        # The admin's actions on workers, each its own permission: seeing a worker (view) or editing
+        # it (change: nothing is editable) must not let anyone drain it, kill it or free its name.
+        permissions = [
+            ("drain_worker", "Can drain (cordon) and uncordon a worker"),
+            ("mark_dead_worker", "Can mark a worker dead and reschedule its replicas"),
+            ("release_worker", "Can release a worker's registration"),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -167,6 +174,11 @@ class Deployment(models.Model):
 
     class Meta:
         ordering = ["name"]
+        # Unloading and deleting a deployment is the model's own `delete` permission.
+        permissions = [
+            ("retry_deployment", "Can retry a deployment's failed replicas"),
+            ("reconcile_deployment", "Can run the reconciler now"),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -213,6 +225,7 @@ class Replica(models.Model):
                                     name="one_active_replica_per_worker"),
         ]
         indexes = [models.Index(fields=["status"])]
+        permissions = [("retry_replica", "Can retry a failed replica")]
 
     def __str__(self) -> str:
         return f"{self.deployment.name}#{self.pk}"

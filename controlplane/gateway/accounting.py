@@ -33,7 +33,7 @@ from tenants.auth import KeyPrincipal
 from tenants.limits import BudgetSeed, LimitPlan, Settlement, get_limiter
 from tenants.limits.base import to_nano
 
-from . import journal, outages, usage_queue, usage_writer
+from . import journal, outages, renewal, usage_queue, usage_writer
 from .worker_usage import WorkerCounts
 from .workers import ModelTarget
 
@@ -157,7 +157,7 @@ async def budget_seed(tenant_id: int, period: dt.date, *, with_spend: bool) -> B
 # --- the meter ----------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True, eq=False)  # held weakly, by identity, while renewed (renewal.py)
 class Meter:
     request_id: str
     principal: KeyPrincipal
@@ -171,6 +171,7 @@ class Meter:
     journaled: bool = field(default=False)  # a usage-journal row exists (the sweeper can finish the job)
     worker_url: str = field(default="")  # the worker the request was sent to
     batch_id: str = field(default="")  # a batch line's batch: its own price line, and no online SLO sample
+    batch_line: str = field(default="")  # a batch line's ledger identity: billed once whichever attempt
     embeddings: bool = field(default=False)  # a /v1/embeddings request: the embeddings price line
 
     def finish(
@@ -192,6 +193,7 @@ class Meter:
         if self.finished:
             return
         self.finished = True
+        renewal.release(self)
         latency_ms = (time.perf_counter() - self.started) * 1000
         event = UsageEvent(
             request_id=self.request_id,
@@ -211,6 +213,7 @@ class Meter:
             itl_ms=itl_ms,
             batch_id=self.batch_id or None,
             embeddings=self.embeddings,
+            batch_line=self.batch_line or None,
         )
         limits = self.principal.limits
         if self.batch_id:  # batch lines are not the online tiers' traffic: they would skew their SLIs

@@ -34,6 +34,7 @@ class Admission:
     created_at: dt.datetime
     batch_id: str = ""  # a batch line's batch: the sweeper bills it on the batch price line too
     embeddings: bool = False  # a /v1/embeddings request: the sweeper bills it on the embeddings price line
+    batch_line: str = ""  # a batch line's ledger identity: what the sweeper bills is the line's one row
 
 
 def insert(admissions: list[Admission], *, ignore_conflicts: bool = False) -> None:

@@ -29,6 +29,9 @@ class InflightRequest(models.Model):
     created_at = models.DateTimeField()  # when the request arrived (prices in force then apply)
     batch_id = models.CharField(max_length=64, blank=True, default="")  # a batch line's: its own price line
     embeddings = models.BooleanField(default=False)  # a /v1/embeddings request: its own price line
+    # A batch line's ledger identity (billing's UsageRecord.batch_line): a swept attempt of a line that was
+    # sent again meanwhile is still billed once.
+    batch_line = models.CharField(max_length=80, blank=True, default="")
     admitted_at = models.DateTimeField(auto_now_add=True)
     # The request's final counts, set when its limiter settlement failed (Redis did not answer): the row
     # then outlives the ledger write, and the sweeper settles (and, idempotently, bills) these counts.

@@ -33,7 +33,7 @@ from tenants import auth, auth_throttle
 from tenants.auth import KeyPrincipal
 from tenants.limits import LimitPlan, get_limiter, period_start, refusals
 
-from . import accounting, admission, journal, outages, parsing, upstream, usage_writer, worker_usage
+from . import accounting, admission, journal, outages, parsing, renewal, upstream, usage_writer, worker_usage
 from .accounting import Meter
 from .prefix_routing import prefix_key, prompt_text
 from .responses import error_response, ratelimit_headers, refusal
@@ -261,12 +261,13 @@ async def open_upstream(
 
 async def handle(request: HttpRequest, kind: str, *, body: bytes | None = None,
                  principal: KeyPrincipal | None = None, request_id: str | None = None,
-                 batch_id: str = "") -> HttpResponse:
+                 batch_id: str = "", batch_line: str = "") -> HttpResponse:
     """`body` and `principal` let another front (responses_api.py) send its own translation of the
     request, for a caller it has already authenticated, through the same limits and meter."""
     raw = request.body if body is None else body
-    # A batch line (controlplane/batches) brings its own id: the ledger's key for that line, and its
-    # usage is marked with the batch (its own price line).
+    # A batch line (controlplane/batches) brings its attempt's id and the line's ledger identity
+    # (`batch_line`: the ledger bills the line once, whichever attempt), and its usage is marked with the
+    # batch (its own price line).
     request_id = request_id or new_request_id()
     started = time.perf_counter()
     created_at = dt.datetime.now(dt.UTC)
@@ -280,7 +281,8 @@ async def handle(request: HttpRequest, kind: str, *, body: bytes | None = None,
         plan, period, decision = await reserve(principal, parsed, target, request_id, batch=bool(batch_id))
         extra_headers = ratelimit_headers(decision)
         meter = Meter(request_id, principal, target, plan, period, created_at, started, batch_id=batch_id,
-                      embeddings=parsed.kind == "embeddings")
+                      batch_line=batch_line, embeddings=parsed.kind == "embeddings")
+        renewal.hold(meter)  # renewed until it is finished, however long it runs
         meter.logs_content = content_log.request(principal, request_id, raw)
         worker, response = await open_upstream(raw, parsed, principal, request_id, meter)
     except ApplicationError as exc:
@@ -321,6 +323,7 @@ async def _journal(meter: Meter, parsed: parsing.ParsedRequest, worker_url: str)
                 prompt_estimate=reserved_prompt(meter.principal, parsed), reserved_tokens=meter.plan.tokens,
                 reserved_spend_nano=meter.plan.spend_nano, period_start=meter.period, worker_url=worker_url,
                 created_at=meter.created_at, batch_id=meter.batch_id, embeddings=meter.embeddings,
+                batch_line=meter.batch_line,
             ))
     except Exception as exc:
         log.error("usage journal unavailable; refusing the request", extra={"request_id": meter.request_id,

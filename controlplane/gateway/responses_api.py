@@ -23,7 +23,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from controlplane.asyncdb import db_call
 from controlplane.errors import ApplicationError
 
-from . import outages, proxy, responses_render, responses_store
+from . import outages, params, proxy, responses_render, responses_store
 from .responses import error_response, json_response
 from .responses_request import ResponsesRequest, parse
 from .views import openai_endpoint
@@ -50,8 +50,9 @@ async def create(request: HttpRequest) -> HttpResponse:
                                    code="store_unavailable", status=503, param="store", headers={"Retry-After": "5"})
         context: list[dict[str, Any]] = []
         if req.previous_response_id:
+            previous = params.object_id(req.previous_response_id, lambda bad: _not_found(bad, "previous_response_id"))
             stored = await db_call(responses_store.stored_response_get, tenant_id=principal.tenant_id,
-                                   response_id=req.previous_response_id)
+                                   response_id=previous)
             if stored is None:
                 raise _not_found(req.previous_response_id, "previous_response_id")
             context = stored.context
@@ -154,6 +155,7 @@ async def detail(request: HttpRequest, response_id: str) -> HttpResponse:
     request_id = proxy.new_request_id()
     try:
         principal = await proxy.authenticate(request)
+        params.object_id(response_id, _not_found)
         if request.method == "DELETE":
             if not await db_call(responses_store.stored_response_delete, tenant_id=principal.tenant_id,
                                  response_id=response_id):
@@ -172,17 +174,6 @@ async def detail(request: HttpRequest, response_id: str) -> HttpResponse:
         return error_response(exc, request_id)
 
 
-def _page_size(raw: str | None) -> int:
-    try:
-        limit = int(raw) if raw is not None else 20
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= 100:
-        raise ApplicationError("Invalid value for 'limit': expected an integer from 1 to 100.", code="invalid_value",
-                               status=400, param="limit")
-    return limit
-
-
 @openai_endpoint("GET")
 async def input_items(request: HttpRequest, response_id: str) -> HttpResponse:
     """The items the model saw for this response (earlier turns included, `instructions` not), paged
@@ -194,7 +185,8 @@ async def input_items(request: HttpRequest, response_id: str) -> HttpResponse:
         if order not in ("asc", "desc"):
             raise ApplicationError("Invalid value for 'order': expected 'asc' or 'desc'.", code="invalid_value",
                                    status=400, param="order")
-        limit = _page_size(request.GET.get("limit"))
+        limit = params.page_limit(request.GET.get("limit"), default=20, maximum=100)
+        params.object_id(response_id, _not_found)
         stored = await db_call(responses_store.stored_response_get, tenant_id=principal.tenant_id,
                                response_id=response_id)
         if stored is None:

@@ -6,9 +6,20 @@ import functools
 import logging
 import time
 
+from django.conf import settings
+from django.core.exceptions import (
+    BadRequest,
+    RequestDataTooBig,
+    SuspiciousOperation,
+    TooManyFieldsSent,
+    TooManyFilesSent,
+)
+from django.db import DataError
 from django.http import HttpRequest, HttpResponse
+from django.http.multipartparser import MultiPartParserError
 from django.views.decorators.csrf import csrf_exempt
 
+from controlplane import bodylimit
 from controlplane.errors import ApplicationError
 
 from . import outages, proxy
@@ -19,9 +30,35 @@ _STARTED = int(time.time())
 log = logging.getLogger("tessera.gateway")
 
 
+def client_error(exc: BaseException, request: HttpRequest) -> ApplicationError | None:
+    """The 4xx for an exception that says the request was malformed, or None (then it is a bug: a 500).
+
+    Django's own handler answers these 400 (413) in HTML; /v1 runs below it (handler.py), so without
+    this a multipart body with no boundary, or more than DATA_UPLOAD_MAX_NUMBER_FILES files, was a 500.
+    A value the database refuses (PostgreSQL: a NUL in text or jsonb, a number out of range) that got
+    past the views' parsing (params.py) is answered as the management API answers it: 400, logged.
+    """
+    if isinstance(exc, RequestDataTooBig):
+        return ApplicationError(bodylimit.too_large_message(), code=bodylimit.TOO_LARGE_CODE, status=413)
+    if isinstance(exc, TooManyFilesSent):
+        return ApplicationError(f"Too many files in the form: at most {settings.DATA_UPLOAD_MAX_NUMBER_FILES}.",
+                                code="invalid_request", status=400, param="file")
+    if isinstance(exc, TooManyFieldsSent):
+        return ApplicationError(f"Too many fields in the form: at most {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS}.",
+                                code="invalid_request", status=400)
+    if isinstance(exc, MultiPartParserError | BadRequest | SuspiciousOperation):
+        return ApplicationError(f"The request body could not be parsed: {exc}", code="invalid_request", status=400)
+    if isinstance(exc, DataError):
+        log.warning("database refused a request's value: %s", exc, extra={"path": request.path})
+        return ApplicationError("A value in the request is not acceptable (out of range or an invalid character).",
+                                code="invalid_value", status=400)
+    return None
+
+
 def openai_endpoint(*methods: str):
     """OpenAI-shaped answers on every path: 405 for other methods, 503 while a dependency is down,
-    500 (logged) for bugs, and x-request-id on all of them."""
+    4xx for a request Django or the database could not take (client_error), 500 (logged) for bugs,
+    and x-request-id on all of them."""
 
     def decorate(view):
         @csrf_exempt
@@ -37,6 +74,7 @@ def openai_endpoint(*methods: str):
             except Exception as exc:
                 request_id = proxy.new_request_id()
                 error = outages.unavailable(exc, request_id)  # a dependency outage: 503, not 500
+                error = error or client_error(exc, request)
                 if error is None:
                     log.exception("gateway error", extra={"request_id": request_id, "path": request.path})
                     error = ApplicationError("The gateway had an internal error.", code="internal_error", status=500)

@@ -4,7 +4,9 @@ Algorithm (both backends):
 - requests/min and tokens/min are token buckets (capacity = the limit, refilled continuously at
   limit/60 per second); a request takes 1 request and `tokens` = prompt estimate + max completion.
 - concurrency counts admitted, unsettled requests (each expires after the reservation TTL so a
-  crashed gateway cannot leak a slot forever).
+  crashed gateway cannot leak a slot forever). A gateway renews the reservations of the requests it
+  is still serving (`renew`, controlplane/gateway/renewal.py), so a request that outlives the TTL (a
+  long stream) keeps its slot, and its settlement still finds the reservation to apply to.
 - monthly token and spend budgets are counters per calendar month (UTC) that include in-flight
   reservations: a request is admitted under a hard budget only if used + reserved + its estimate fits.
 - the month's counter is created from a seed (`BudgetSeed`: the ledger's tokens and spend this month
@@ -19,6 +21,7 @@ Everything a decision reads and writes for one tenant happens atomically in one 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Protocol
@@ -118,6 +121,10 @@ class Limiter(Protocol):
 
     async def settle(self, settlement: Settlement) -> bool:
         """Apply actual - reserved; True the first time for a request id, False after."""
+
+    async def renew(self, held: Sequence[tuple[int, str]]) -> int:
+        """Push the expiry of these (tenant id, request id) reservations to the TTL from now; one that
+        was settled (or has already expired and been dropped) stays gone. The number renewed."""
 
     async def usage(self, *, tenant_id: int, period: dt.date) -> tuple[int, int]:
         """(tokens, spend_nano) charged to the period so far, reservations included."""

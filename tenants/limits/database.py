@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 
 from django.conf import settings
@@ -136,6 +137,18 @@ def _settle(s: Settlement) -> bool:
         return True
 
 
+RENEW_CHUNK = 500  # request ids per UPDATE (SQLite's parameter limit is far above; one statement stays short)
+
+
+def _renew(held: Sequence[tuple[int, str]]) -> int:
+    # No tenant lock: an UPDATE of rows that still exist never resurrects a settled (deleted) one, and
+    # counting concurrency only compares expires_at with the clock.
+    until = timezone.now() + timedelta(seconds=settings.TESSERA_RESERVATION_TTL_SECONDS)
+    ids = [request_id for _, request_id in held]
+    return sum(Reservation.objects.filter(request_id__in=ids[i:i + RENEW_CHUNK]).update(expires_at=until)
+               for i in range(0, len(ids), RENEW_CHUNK))
+
+
 def _usage(tenant_id: int, period: dt.date) -> tuple[int, int]:
     budget = BudgetPeriod.objects.filter(tenant_id=tenant_id, period_start=period).first()
     return (budget.tokens, budget.spend_nano) if budget else (0, 0)
@@ -147,6 +160,9 @@ class DatabaseLimiter:
 
     async def settle(self, settlement: Settlement) -> bool:
         return await db_call(_settle, settlement)
+
+    async def renew(self, held: Sequence[tuple[int, str]]) -> int:
+        return await db_call(_renew, held) if held else 0
 
     async def usage(self, *, tenant_id: int, period: dt.date) -> tuple[int, int]:
         return await db_call(_usage, tenant_id, period)

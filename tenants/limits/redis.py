@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import weakref
+from collections import defaultdict
+from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 from django.conf import settings
@@ -115,6 +117,24 @@ end
 return 1
 """
 
+# KEYS[1] the in-flight zset, KEYS[2..] the reservation markers; ARGV[1] the TTL, ARGV[2..] the request ids.
+# Only a reservation whose marker still exists is renewed (a settled one stays settled); the zset's own
+# expiry, which each reserve sets to the TTL, is pushed out too, or the set would vanish under a long stream.
+RENEW = """
+local ttl = tonumber(ARGV[1])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local renewed = 0
+for i = 2, #KEYS do
+  if redis.call('EXPIRE', KEYS[i], ttl) == 1 then
+    redis.call('ZADD', KEYS[1], now + ttl, ARGV[i])
+    renewed = renewed + 1
+  end
+end
+if renewed > 0 and redis.call('TTL', KEYS[1]) < ttl then redis.call('EXPIRE', KEYS[1], ttl) end
+return renewed
+"""
+
 _REASONS = {1: "requests", 2: "tokens", 3: "concurrency", 4: "token_budget", 5: "spend_budget", 6: "too_large"}
 PERIOD_TTL = 40 * 86400
 
@@ -141,7 +161,8 @@ class RedisLimiter:
             timeout = settings.TESSERA_REDIS_TIMEOUT_SECONDS
             client = aioredis.from_url(self.url, max_connections=256, socket_connect_timeout=timeout,
                                        socket_timeout=timeout)
-            entry = (client, client.register_script(RESERVE), client.register_script(SETTLE))
+            entry = (client, client.register_script(RESERVE), client.register_script(SETTLE),
+                     client.register_script(RENEW))
             self._clients[loop] = entry
         return entry[0]
 
@@ -151,7 +172,7 @@ class RedisLimiter:
 
     async def reserve(self, plan: LimitPlan, *, seed: BudgetSeed | None = None) -> Decision | None:
         lim = plan.limits
-        _, reserve, _ = self._scripts()
+        _, reserve, _, _ = self._scripts()
         period = period_start()
         rpm = limit_or_unlimited(lim.requests_per_minute)
         tpm = limit_or_unlimited(lim.tokens_per_minute)
@@ -183,7 +204,7 @@ class RedisLimiter:
         return Decision(False, _REASONS[code], retry, requests, tokens)
 
     async def settle(self, s: Settlement) -> bool:
-        _, _, settle = self._scripts()
+        _, _, settle, _ = self._scripts()
         args = [
             s.request_id,
             limit_or_unlimited(s.limits.requests_per_minute),
@@ -192,6 +213,18 @@ class RedisLimiter:
             s.actual_spend_nano - s.reserved_spend_nano,
         ]
         return bool(await settle(keys=_keys(s.tenant_id, s.request_id, s.period), args=args))
+
+    async def renew(self, held: Sequence[tuple[int, str]]) -> int:
+        *_, renew = self._scripts()
+        by_tenant: dict[int, list[str]] = defaultdict(list)
+        for tenant_id, request_id in held:
+            by_tenant[tenant_id].append(request_id)
+        ttl = settings.TESSERA_RESERVATION_TTL_SECONDS
+        renewed = 0
+        for tenant_id, request_ids in by_tenant.items():  # one script per tenant: its keys share a hash slot
+            keys = [_keys(tenant_id, "-", period_start())[1]] + [_keys(tenant_id, rid, period_start())[3] for rid in request_ids]
+            renewed += int(await renew(keys=keys, args=[ttl, *request_ids]))
+        return renewed
 
     async def usage(self, *, tenant_id: int, period: dt.date) -> tuple[int, int]:
         tok, sp = await self.client().hmget(_keys(tenant_id, "-", period)[2], "tok", "sp")

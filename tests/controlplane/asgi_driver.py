@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 
 @dataclass
@@ -21,17 +22,23 @@ class Reply:
 
 
 async def call(app, path: str, chunks: list[bytes], *, method: str = "POST", headers: dict[str, str] | None = None,
-               content_length: bool = True, timeout: float = 30) -> Reply:
-    """Send `chunks` as the body (with Content-Length unless content_length=False: chunked)."""
-    raw_headers = [(b"host", b"testserver"), (b"content-type", b"application/json")]
-    raw_headers += [(k.lower().encode(), v.encode("latin-1")) for k, v in (headers or {}).items()]
+               content_length: bool = True, timeout: float = 30, query: str | None = None) -> Reply:
+    """Send `chunks` as the body (with Content-Length unless content_length=False: chunked). `path` is
+    the decoded path; it may carry a query string (`/v1/files?limit=2`) unless `query` (already
+    percent-encoded) is given. A `content-type` in `headers` replaces the JSON default."""
+    headers = {k.lower(): v for k, v in (headers or {}).items()}
+    headers.setdefault("content-type", "application/json")
+    raw_headers = [(b"host", b"testserver")]
+    raw_headers += [(k.encode(), v.encode("latin-1")) for k, v in headers.items()]
+    if query is None:
+        path, _, query = path.partition("?")
     if content_length:
         raw_headers.append((b"content-length", str(sum(map(len, chunks))).encode()))
     else:
         raw_headers.append((b"transfer-encoding", b"chunked"))
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
-        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": raw_headers,
+        "path": path, "raw_path": quote(path).encode(), "query_string": query.encode(), "root_path": "", "headers": raw_headers,
         "client": ("127.0.0.1", 50000), "server": ("testserver", 80),
     }
     pending = list(chunks)

@@ -50,6 +50,7 @@ class FakeWorker:
     forget_usage: bool = False  # answer the usage route with 404 (a worker that restarted)
     tokens_per_event: int = 1  # tokens each stream event carries (a stop string holding text back sends several)
     linger_after_done: float = 0.0  # seconds between a stream's [DONE] and the end of its body
+    answer_text: str | None = None  # a non-streamed answer's text instead of "t0 t1 ..." (a NUL, say)
 
     def release(self) -> None:
         if self.hold is not None:
@@ -61,6 +62,7 @@ class FakeWorker:
         self.forget_usage = False
         self.tokens_per_event = 1
         self.linger_after_done = 0.0
+        self.answer_text = None
         self.release()
         self.hold = None
         self.received.clear()
@@ -136,7 +138,7 @@ class FakeWorker:
                     made = min(n_tokens, int((time.monotonic() - began) / self.token_delay))  # generated so far
                     self.usage[rid] = {"state": "finished", "status": "cancelled", **_counts(made)}
                     return
-            text = "".join(f"t{i} " for i in range(n_tokens))
+            text = "".join(f"t{i} " for i in range(n_tokens)) if self.answer_text is None else self.answer_text
             choice = {"index": 0, "finish_reason": "length", "logprobs": None}
             choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
             payload = {

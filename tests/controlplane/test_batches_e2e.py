@@ -132,3 +132,37 @@ def test_data_plane_worker_killed_mid_batch_then_restarted(gateway, tenant_key, 
         print(f"lines retried after the kill: {retried}")
     finally:
         worker.stop()
+
+
+def test_a_completions_line_whose_echoed_prompt_holds_a_nul_is_answered_and_billed_once(
+        real_worker, gateway, tenant_key, tmp_path):
+    """Token 190 of SmolLM2's byte-level vocabulary ("Ā") decodes to byte 0: echoed, the answer holds a
+    NUL. PostgreSQL's jsonb refused to store it and the runner sent the line again every 2 s, billed
+    each time, for the batch's whole window (here bounded to 30 s); it is now stored as the model
+    answered it."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from billing.models import UsageRecord
+    from controlplane.batches.models import Batch, BatchLine
+    from controlplane.batches.runner import run
+
+    gateway.TESSERA_FILES_DIR = str(tmp_path / "files")
+    gateway.TESSERA_USAGE_SINK = "billing.services.usage_record_ingest"
+    _, secret = tenant_key.sync(requests_per_minute=1000)
+    with serving_gateway(gateway, real_worker) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=secret, max_retries=0, timeout=120)
+        line = {"custom_id": "nul", "method": "POST", "url": "/v1/completions",
+                "body": {"model": MODEL, "prompt": [19556, 190], "echo": True, "max_tokens": 2, "temperature": 0}}
+        source = client.files.create(file=("nul.jsonl", io.BytesIO(json.dumps(line).encode() + b"\n")),
+                                     purpose="batch")
+        batch = client.batches.create(input_file_id=source.id, endpoint="/v1/completions", completion_window="24h")
+        Batch.objects.filter(pk=batch.id).update(expires_at=timezone.now() + dt.timedelta(seconds=30))
+        status = async_to_sync(run)(batch.id)
+        assert UsageRecord.objects.filter(batch_id=batch.id).count() == 1
+        assert BatchLine.objects.get(batch_id=batch.id).attempts == 1  # sent once
+        assert status == "completed"
+        (answer,) = map(json.loads, client.files.content(client.batches.retrieve(batch.id).output_file_id)
+                        .read().splitlines())
+        assert answer["response"]["body"]["choices"][0]["text"].startswith("Hello\x00")

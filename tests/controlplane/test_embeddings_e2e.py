@@ -180,14 +180,16 @@ async def _send_as_dead_runner(batch_id: str, line) -> None:
     from django.http import HttpRequest
 
     from controlplane.asyncdb import db_call
+    from controlplane.batches import principal as batch_principal
+    from controlplane.batches.lines import line_ledger_key
     from controlplane.batches.models import Batch
-    from controlplane.batches.runner import _principal
     from controlplane.gateway import accounting, proxy
 
     batch = await db_call(Batch.objects.get, pk=batch_id)
-    principal = await db_call(_principal, batch)
+    principal = await batch_principal.current(await db_call(batch_principal.key_hash_of, batch.api_key_id))
     response = await proxy.handle(HttpRequest(), "embeddings", body=orjson.dumps(line.body), principal=principal,
-                                  request_id=line.request_id, batch_id=batch_id)
+                                  request_id=line.request_id, batch_id=batch_id,
+                                  batch_line=line_ledger_key(batch_id=batch_id, custom_id=line.custom_id))
     assert response.status_code == 200, response.content
     await accounting.accounted(line.request_id)
     await accounting.drain()

@@ -157,3 +157,30 @@ async def test_a_lost_token_counter_is_seeded_from_what_was_used(limiter, tenant
     assert not refused.allowed and refused.reason == "token_budget"
     assert (await limiter.raw.reserve(plan(tenant_id, limits, tokens=50))).allowed  # the counter exists now
     assert await limiter.usage(tenant_id=tenant_id, period=period_start()) == (1000, 0)
+
+
+async def test_a_renewed_reservation_outlives_the_ttl_and_still_settles(limiter, tenant_id, settings):
+    """A request that runs longer than the reservation TTL keeps its concurrency slot while it is
+    renewed, and its settlement still applies (the month's counter ends at what it used)."""
+    settings.TESSERA_RESERVATION_TTL_SECONDS = 1
+    limits = replace(UNLIMITED, max_concurrent_requests=1, monthly_token_budget=10**6)
+    long, other = plan(tenant_id, limits, tokens=500), plan(tenant_id, limits, tokens=10)
+    assert (await limiter.reserve(long)).allowed
+    for _ in range(8):  # 2.4 s: over twice the TTL
+        await asyncio.sleep(0.3)
+        assert await limiter.renew([(tenant_id, long.request_id)]) == 1
+    assert (await limiter.reserve(other)).reason == "concurrency"
+    assert await limiter.settle(settlement(long, actual_tokens=120)) is True
+    assert await limiter.usage(tenant_id=tenant_id, period=period_start()) == (120, 0)
+    assert await limiter.renew([(tenant_id, long.request_id)]) == 0  # settled: never renewed back to life
+    assert (await limiter.reserve(other)).allowed
+
+
+async def test_an_unrenewed_reservation_still_expires(limiter, tenant_id, settings):
+    """A dead gateway renews nothing: its slots come back after the TTL, as before."""
+    settings.TESSERA_RESERVATION_TTL_SECONDS = 1
+    limits = replace(UNLIMITED, max_concurrent_requests=1)
+    assert (await limiter.reserve(plan(tenant_id, limits))).allowed
+    assert (await limiter.reserve(plan(tenant_id, limits))).reason == "concurrency"
+    await asyncio.sleep(1.3)
+    assert (await limiter.reserve(plan(tenant_id, limits))).allowed
