@@ -159,6 +159,7 @@ class ModelRunner:
         """One step, its tokens on the host when it returns."""
         return self.finish(self.launch(out))
 
+    @torch.inference_mode()
     def launch(self, out: SchedulerOutput, prev: StepHandle | None = None) -> StepHandle:
         """Run a step up to its sampled tokens, left on the device (`finish` brings them to the host).
         `prev`: the step still in flight, whose sampled tokens are inputs of this one's decodes."""
@@ -265,7 +266,7 @@ class ModelRunner:
     def _advance(self, step: StepInputs, sched: dict[str, int]) -> None:
         """The scheduled tokens are in the cache now."""
         batch = self.batch
-        batch.num_computed[step.decode_rows] += 1
+        batch.num_computed[step.decode_rows] = step.decode_context  # position + 1
         for rid in step.order[step.num_decodes:]:
             batch.num_computed[self.states[rid].row] += sched[rid]
 

@@ -55,6 +55,10 @@ class Scheduler:
         self._protected_waiting = False  # a protected request is waiting this step (first claim on the cap)
         self._online_present = False  # a request below background_priority is in the engine this step
         self.step_cost = StepCostModel()  # step time against tokens, for itl_guard_step_ms
+        # `running` is kept in rank order; it must be sorted again once a request joins it or one's aged
+        # priority may have changed (_sort_running)
+        self._order_dirty = False
+        self._order_valid_until = 0.0
         # tenants' service counters: the order of a tier's waiting requests (None: FCFS within a tier)
         self.fair = VirtualTokenCounter(config.fair_share_input_weight, config.fair_share_output_weight) \
             if config.fair_share else None
@@ -127,7 +131,8 @@ class Scheduler:
         self._guard_left = self._itl_guard_budget()
         self._online_present = self._any_online()
         self._step_prefill_left = self._step_prefill_cap()
-        self.running.sort(key=rank)
+        if self._order_dirty or now >= self._order_valid_until - 1e-6:
+            self._sort_running(now, aging)
         # Drafts only while the batch is small: a CPU step's time grows with its tokens, so in a busy batch
         # k drafts per request cost more than their accepted tokens save (spec_decode/config.py).
         speculate = len(self.running) <= self.config.speculative.max_running
@@ -142,7 +147,7 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             if paused_from is not None and req.priority >= paused_from:
                 continue  # background work sits out while online work is in the engine (keeps its blocks)
-            remaining = req.num_tokens + req.num_pending - req.num_computed_tokens
+            remaining = len(req.all_token_ids) + req.num_pending - req.num_computed_tokens
             if req.num_pending and len(req.output_token_ids) + req.num_pending >= req.sampling_params.max_tokens:
                 continue  # its token in flight is its last (max_tokens): nothing more to compute
             if remaining == 1 and not (speculate and (spec_k or req.sampling_params.speculative_tokens)):
@@ -187,6 +192,23 @@ class Scheduler:
         out.finished_request_ids = self._finished_since_schedule
         self._finished_since_schedule = set()
         return out
+
+    def _sort_running(self, now: float, aging: float) -> None:
+        """Order running requests by aged priority, then arrival. Every request ages at the same rate,
+        so the order holds until one of them crosses its next aging boundary (or one is admitted): the
+        sort, ~0.6 us a request in Python, runs then and not every step."""
+        valid_until = float("inf")
+
+        def rank(r: Request) -> tuple[int, int]:
+            nonlocal valid_until
+            start = r.times.arrival if r.aged_from is None else r.aged_from
+            levels = int((now - start) / aging)
+            valid_until = min(valid_until, start + (levels + 1) * aging)
+            return (r.priority - levels, r.seq)
+
+        self.running.sort(key=rank)
+        self._order_valid_until = valid_until
+        self._order_dirty = False
 
     def _make_room(self, req: Request, n: int, out: SchedulerOutput):  # noqa: ANN202 - list[KVBlock] | None
         """Out of blocks: recompute-preempt the lowest-priority, latest request not yet scheduled this
@@ -348,6 +370,7 @@ class Scheduler:
             if req.times.first_scheduled is None:
                 req.times.first_scheduled = now
             self.running.append(req)
+            self._order_dirty = True
             if loras is not None:
                 loras.admitted(req.adapter)
             out.new_requests.append(NewRequestData(
