@@ -129,3 +129,18 @@ def test_cuda_mode_needs_a_cuda_device(tiny):
 
 def test_auto_is_eager_on_the_cpu(tiny):
     assert _engine(tiny, "auto").core.runner.graphs is None
+
+
+def test_worker_flags_and_metrics():
+    from dataplane.stats import SchedulerStats
+    from dataplane.worker.config import WorkerConfig
+    from dataplane.worker.metrics import EngineCollector
+
+    assert WorkerConfig(model="m").engine_kwargs()["cuda_graphs"] == "auto"
+    kwargs = WorkerConfig(model="m", device="cuda", enforce_eager=True).engine_kwargs()
+    assert (kwargs["device"], kwargs["cuda_graphs"]) == ("cuda", "off")
+    stats = SchedulerStats(0, 0, 0.0, 0, 0, 0, 0, 0, 10, 10, cuda_graphs=35, cuda_graph_capture_seconds=4.5,
+                           cuda_graph_memory_bytes=2**20, cuda_graph_replays=7)
+    samples = {s.name: s.value for family in EngineCollector("m", lambda: stats).collect() for s in family.samples}
+    assert samples["tessera:cuda_graph_count"] == 35 and samples["tessera:cuda_graph_memory_bytes"] == 2**20
+    assert samples["tessera:cuda_graph_capture_seconds"] == 4.5 and samples["tessera:cuda_graph_replays_total"] == 7
