@@ -28,15 +28,9 @@ class LoRARuntime:
 
     def prepare(self, rows: list[tuple[str | None, int]], num_decodes: int) -> LoRAStepContext | None:
         """rows: (adapter key or None, tokens) per request in batch order. None when no row has an adapter."""
-        keys = sorted({key for key, _ in rows if key is not None})
-        if not keys:
+        adapters = self._resident([key for key, _ in rows])
+        if not adapters:
             return None
-        adapters = []
-        for key in keys:
-            adapter = self.registry.by_key(key)
-            if adapter is None:
-                raise RuntimeError(f"adapter {key!r} is scheduled but no longer loaded")
-            adapters.append(adapter)
         slot_of = self.slots.assign(adapters)
         groups = frozenset().union(*(a.groups for a in adapters))
         rank = max(a.rank for a in adapters)
@@ -46,17 +40,21 @@ class LoRARuntime:
     def assign_rows(self, keys: list[str | None]) -> list[int] | None:
         """Each row's slot (-1: the base model), the adapters copied into slots as `prepare` does; None
         when no row has an adapter (decode graphs read the slots from a buffer)."""
-        wanted = sorted({key for key in keys if key is not None})
-        if not wanted:
+        adapters = self._resident(keys)
+        if not adapters:
             return None
+        slot_of = self.slots.assign(adapters)
+        return [-1 if key is None else slot_of[key] for key in keys]
+
+    def _resident(self, keys: list[str | None]) -> list:
+        """The registered adapters these keys name (each once, sorted); a key no longer loaded is a bug."""
         adapters = []
-        for key in wanted:
+        for key in sorted({key for key in keys if key is not None}):
             adapter = self.registry.by_key(key)
             if adapter is None:
                 raise RuntimeError(f"adapter {key!r} is scheduled but no longer loaded")
             adapters.append(adapter)
-        slot_of = self.slots.assign(adapters)
-        return [-1 if key is None else slot_of[key] for key in keys]
+        return adapters
 
     def forget(self, key: str) -> None:
         self.slots.release(key)
