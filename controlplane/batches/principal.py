@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from controlplane.asyncdb import db_call
-from controlplane.gateway import outages
+from controlplane.gateway.proxy import principal_for_hash
 from tenants import auth
 from tenants.auth import KeyPrincipal
 
@@ -34,19 +33,6 @@ async def current(key_hash: str | None) -> KeyPrincipal:
     would get now (`invalid_api_key`, `tenant_suspended`) when it may not send."""
     if key_hash is None:
         raise auth.invalid_key()
-    hit, principal = auth.cached_lookup_hash(key_hash)
-    if not hit and outages.recently_down("database"):
-        hit, principal = auth.last_known_hash(key_hash)
-    if not hit:
-        try:
-            principal = await db_call(auth.lookup_hash, key_hash)
-        except Exception as exc:
-            if outages.dependency_of(exc) != "database":
-                raise
-            outages.mark_down("database")
-            hit, principal = auth.last_known_hash(key_hash)
-            if not hit:
-                raise
-    principal = auth.check(principal)
+    principal = await principal_for_hash(key_hash)
     limits = dataclasses.replace(principal.limits, priority=conf.batch_priority())
     return dataclasses.replace(principal, limits=limits)

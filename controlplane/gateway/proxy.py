@@ -62,23 +62,30 @@ async def principal_for(authorization: str | None, *, lookup: bool = True) -> Ke
         raise auth.invalid_key()
     if not lookup:
         return None
-    hit, principal = auth.cached_lookup(secret)
+    return await principal_for_hash(auth.hash_secret(secret))
+
+
+async def principal_for_hash(key_hash: str) -> KeyPrincipal:
+    """The key with this stored hash, as an online request sees it now (the batch runner holds only the
+    hash): the process's key cache, the database, or while the database just failed the key as it last
+    said; 401/403 (ApplicationError) for a key that cannot serve."""
+    hit, principal = auth.cached_lookup_hash(key_hash)
     if not hit and outages.recently_down("database"):
         # Do not make every request wait on a database that just failed (a hung one costs a connect
         # timeout each): the key as the database last said, if it did so recently.
-        hit, principal = auth.last_known(secret)
+        hit, principal = auth.last_known_hash(key_hash)
         if hit:
             outages.note_serving_from_memory("keys")
     if not hit:
         from controlplane.asyncdb import db_call
 
         try:
-            principal = await db_call(auth.lookup, secret)
+            principal = await db_call(auth.lookup_hash, key_hash)
         except Exception as exc:
             if outages.dependency_of(exc) != "database":
                 raise
             outages.mark_down("database")
-            hit, principal = auth.last_known(secret)  # a database blink: the key as it was moments ago
+            hit, principal = auth.last_known_hash(key_hash)  # a database blink: the key as it was moments ago
             if not hit:
                 raise
             outages.note_serving_from_memory("keys")

@@ -9,7 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dataplane.runner.model_runner import RunnerRequestState
+    from dataplane.runner.request_state import RunnerRequestState
     from dataplane.scheduler.output import ModelRunnerOutput
     from dataplane.structured.backend import GrammarBackend
 

@@ -20,12 +20,13 @@ from dataplane.runner.grammar_masks import GrammarMasks
 from dataplane.runner.input_batch import InputBatch
 from dataplane.runner.pooling import PoolSpan, pool
 from dataplane.runner.prompt_logprobs import prompt_logprobs
+from dataplane.runner.request_state import RunnerRequestState
 from dataplane.runner.step_inputs import StepInputs, build_step_inputs
 from dataplane.sampling.sampler import Sampler, SamplingBatch, SamplingRow, bias_entries
 from dataplane.sampling_params import SamplingParams
 from dataplane.scheduler.output import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from dataplane.spec_decode.verify import accepted_tokens
-from dataplane.structured.backend import GrammarBackend, Matcher
+from dataplane.structured.backend import GrammarBackend
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +43,6 @@ class StepHandle:
     tokens: torch.Tensor | None = None  # sampled ids on the device; None once on the host (or none sampled)
     raw_logprobs: torch.Tensor | None = None  # the raw log-softmax of rows that want logprobs
     sampling: SamplingBatch | None = None
-
-
-@dataclass(slots=True)
-class RunnerRequestState:
-    token_ids: list[int]  # prompt + outputs known to the runner
-    num_prompt_tokens: int
-    params: SamplingParams
-    adapter: str | None
-    row: int  # its row of the runner's InputBatch (block table, progress, sampling parameters)
-    matcher: Matcher | None = None  # structured outputs: the grammar's state (built at first sampling)
-    pool_sum: torch.Tensor | None = None  # mean-pooled embeddings: the sum of the chunks pooled so far
 
 
 class ModelRunner:

@@ -17,7 +17,7 @@ from dataplane.runner.pooling import PoolSpan, pool_span
 
 if TYPE_CHECKING:
     from dataplane.runner.input_batch import InputBatch
-    from dataplane.runner.model_runner import RunnerRequestState
+    from dataplane.runner.request_state import RunnerRequestState
 
 
 @dataclass(slots=True)

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:
-    from dataplane.sampling.sampler import SamplingRow
+from dataplane.sampling.rows import SamplingRow
 
 
 def _padded(lists: list[list[int]], pad: int) -> torch.Tensor:

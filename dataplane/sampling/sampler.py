@@ -23,30 +23,10 @@ import torch
 
 from dataplane.sampling.noise import seeded_noise, seeded_noise_at
 from dataplane.sampling.penalties import apply_penalties
-from dataplane.sampling_params import SamplingParams
+from dataplane.sampling.rows import SamplingRow
 from dataplane.scheduler.output import TokenLogprobs
 
 _MASK = -float("inf")
-
-
-@dataclass(slots=True)
-class SamplingRow:
-    params: SamplingParams
-    token_ids: list[int]  # prompt + outputs so far (not copied: sliced only when penalties need it)
-    num_prompt_tokens: int
-
-    @property
-    def prompt_token_ids(self) -> list[int]:
-        return self.token_ids[: self.num_prompt_tokens]
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
-
-    @property
-    def output_index(self) -> int:
-        """How many tokens this request has generated: seeds the noise for the next one."""
-        return len(self.token_ids) - self.num_prompt_tokens
 
 
 @dataclass(slots=True)
