@@ -93,7 +93,7 @@ class EngineCore:
         if overlap is None:
             overlap = str(model_config.device).startswith("cuda") and model_config.tensor_parallel_size == 1
         # Drafts are proposed from the tokens on the host, every step: speculation and overlap exclude each other.
-        self.overlap = bool(overlap) and not scheduler_config.speculative.ngram_tokens
+        self.overlap = self.runner.overlap = bool(overlap) and not scheduler_config.speculative.ngram_tokens
         self._in_flight: tuple[SchedulerOutput, StepHandle, float] | None = None
         self.processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()

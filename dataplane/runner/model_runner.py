@@ -76,6 +76,7 @@ class ModelRunner:
         self._num_adapters = 0  # requests on a LoRA adapter: the step's adapter context only while some
         self._num_host = 0  # requests whose every step needs its tokens on the host (needs_host)
         self.steps_reading_in_flight = 0  # launches whose inputs came from a step still in flight
+        self.overlap = False  # the engine launches steps before the previous one's tokens are known
         self.graphs: DecodeGraphs | None = None  # decode-only steps from persistent buffers (use_graphs)
 
     def use_graphs(self, mode: str, max_num_seqs: int) -> DecodeGraphs:
@@ -188,7 +189,8 @@ class ModelRunner:
             return StepHandle(result)
         sampling = self._sampling_batch(step)
         tokens, raw = self.sampler.sample_tensor(logits, sampling, constrain)
-        self.batch.pending_index[step.sampled_rows] = np.arange(len(sampled))  # where a next step finds them
+        if self.overlap:  # where the next step, launched before this one's tokens are known, finds them
+            self.batch.pending_index[step.sampled_rows] = np.arange(len(sampled))
         return StepHandle(result, sampled, [self.states[rid] for rid in sampled], step.sampled_rows, tokens, raw,
                           sampling)
 
