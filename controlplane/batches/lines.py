@@ -41,10 +41,12 @@ def lease_take(*, batch_id: str) -> tuple[Batch, bool]:
         return batch, True
 
 
-def lease_renew(*, batch_id: str) -> str:
-    """Extend the lease; the batch's status (the runner stops on cancelling)."""
+def lease_renew(*, batch_id: str, output_bytes: int) -> str:
+    """Extend the lease and publish the bytes of the batch's stored answers (the tenant's other batches'
+    runners count them against its storage cap, quota.py); the batch's status (the runner stops on
+    cancelling)."""
     until = timezone.now() + dt.timedelta(seconds=conf.lease_seconds())
-    Batch.objects.filter(pk=batch_id).update(lease_until=until)
+    Batch.objects.filter(pk=batch_id).update(lease_until=until, output_bytes=output_bytes)
     return Batch.objects.values_list("status", flat=True).get(pk=batch_id)
 
 
@@ -96,17 +98,29 @@ def line_claim(*, batch_id: str, limit: int) -> list[BatchLine]:
     return rows
 
 
-def line_answer(*, line_id: int, request_id: str, ok: bool, status_code: int, body, error: dict | None) -> bool:
-    """Store the attempt's outcome; False when the line is no longer this attempt's (answered already)."""
+def line_answer(*, line_id: int, request_id: str, ok: bool, status_code: int, body, error: dict | None,
+                output_bytes: int = 0) -> bool:
+    """Store the attempt's outcome, and with an answer the bytes its output record takes (counted against
+    the tenant's storage cap); False when the line is no longer this attempt's (answered already)."""
     return bool(BatchLine.objects.filter(pk=line_id, state=BatchLine.State.RUNNING, request_id=request_id).update(
         state=BatchLine.State.SUCCEEDED if ok else BatchLine.State.FAILED, status_code=status_code, response=body,
-        error=error))
+        error=error, output_bytes=output_bytes if ok else 0))
 
 
 def lines_fail_pending(*, batch_id: str, status_code: int, body: dict, error: dict) -> int:
     """Every line not yet sent fails with this error (the batch's key may no longer send)."""
     return BatchLine.objects.filter(batch_id=batch_id, state=BatchLine.State.PENDING).update(
         state=BatchLine.State.FAILED, status_code=status_code, response=body, error=error)
+
+
+def lines_fail_over_cap(*, batch_id: str, not_run: dict, billed: dict) -> int:
+    """Every line not yet sent fails for the tenant's storage cap, with no status and no body (no request
+    is made): `not_run` for one never billed, `billed` for one a dead runner's attempt was billed for
+    (pending under that attempt's request id, its answer lost with the runner)."""
+    pending = BatchLine.objects.filter(batch_id=batch_id, state=BatchLine.State.PENDING)
+    failed = {"state": BatchLine.State.FAILED, "status_code": None, "response": None}
+    return (pending.exclude(request_id="").update(**failed, error=billed)
+            + pending.filter(request_id="").update(**failed, error=not_run))
 
 
 def line_retry(*, line_id: int, request_id: str, after_seconds: float, count_attempt: bool) -> None:

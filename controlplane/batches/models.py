@@ -72,6 +72,10 @@ class Batch(models.Model):
     # The runner holding the batch renews this; another runner takes over only once it has passed
     # (a killed Celery worker's batch is picked up again, a live one's is never run twice at once).
     lease_until = models.DateTimeField(null=True, blank=True)
+    # The bytes of its answers stored so far, as the runner holding it last published them (with its
+    # lease, every second): the tenant's other batches' runners count them against the storage cap
+    # (quota.py). The lines' own `output_bytes` are the exact figure.
+    output_bytes = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         verbose_name_plural = "batches"
@@ -103,6 +107,9 @@ class BatchLine(models.Model):
     response = JSONTextField(null=True, blank=True)  # the answer's body (an error body for a failure)
     error = JSONTextField(null=True, blank=True)  # {"code", "message"} for a line that failed
     not_before = models.DateTimeField(null=True, blank=True)  # a retried line waits until then
+    # The bytes its record takes in the output file, set by the UPDATE that stores its answer (0 until
+    # it succeeds): what the runner counts against the tenant's storage cap (quota.py).
+    output_bytes = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["batch", "custom_id"], name="batches_line_custom_id_unique")]

@@ -6,7 +6,9 @@ files written line by line, within the tenant's storage cap.
   floats, and 50,000 such lines would be gigabytes held in the database and in memory.
 - The files are written a few rows at a time (ROWS_PER_FETCH) into temporary files on disk, which
   the files storage then reads in chunks: memory holds a few lines whatever the batch's size.
-- The output counts against the tenant's storage cap (TESSERA_FILES_TENANT_MAX_BYTES) like an upload:
+- The output counts against the tenant's storage cap (TESSERA_FILES_TENANT_MAX_BYTES) like an upload.
+  The runner sends no line once the batch's stored answers reach it (quota.py, sized by
+  `answer_bytes`); this is the exact check behind it, for the few lines in flight at the cap:
   answered lines are written while they fit; the first that would pass the cap, and every answered
   line after it, go to the error file as `storage_quota_exceeded` instead. The error file is always
   stored (it says what became of each line) and counts like any file.
@@ -14,6 +16,7 @@ files written line by line, within the tenant's storage cap.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import tempfile
 
@@ -51,6 +54,15 @@ def record(line: BatchLine) -> dict:
         response = {"status_code": line.status_code, "request_id": line.request_id, "body": line.response}
     return {"id": f"batch_req_{line.batch_id[6:]}_{line.line_no}", "custom_id": line.custom_id,
             "response": response, "error": line.error if line.state == BatchLine.State.FAILED else None}
+
+
+def answer_bytes(line: BatchLine, *, status_code: int, body) -> int:
+    """The bytes the line's record will take in the output file once `body` is stored as its answer,
+    exactly as `write` will write it: what the runner counts against the tenant's storage cap."""
+    answered = copy.copy(line)
+    answered.state, answered.status_code, answered.response, answered.error = (
+        BatchLine.State.SUCCEEDED, status_code, body, None)
+    return len(orjson.dumps(record(answered))) + 1
 
 
 def quota_error(cap: int) -> dict:

@@ -10,7 +10,9 @@ and a free seat: batch work fills what online traffic leaves.
 
 The key is checked before each line is sent, from the gateway's key cache (principal.py): once it is
 revoked, expired or deleted, or its tenant suspended, the lines not yet sent fail with the error an
-online request would get, and the ones in flight finish. The runner waits out a database outage
+online request would get, and the ones in flight finish. Once the batch's stored answers, with the
+tenant's other files, reach its storage cap, no more lines are sent: the unsent ones fail
+`storage_quota_exceeded`, unbilled (quota.py). The runner waits out a database outage
 (send.db_waiting); one longer than TESSERA_BATCH_DB_WAIT_SECONDS ends the run with an error, and
 the batch is resumed (its unanswered lines recovered) once the database is back.
 """
@@ -27,7 +29,7 @@ from controlplane.gateway import accounting, upstream
 from controlplane.gateway.dependencies import dependency_of
 from controlplane.gateway.workers import get_registry
 
-from . import conf, lines, principal
+from . import conf, lines, output, principal, quota
 from .finalize import batch_finalize
 from .models import Batch, BatchLine
 from .send import db_waiting, send
@@ -107,6 +109,14 @@ async def _fail_pending(batch: Batch, exc: ApplicationError) -> None:
                     extra={"batch": batch.pk, "code": exc.code, "lines": failed})
 
 
+async def _fail_unsent_over_cap(batch: Batch, gauge: quota.Gauge) -> None:
+    failed = await db_waiting(lines.lines_fail_over_cap, batch_id=batch.pk, not_run=quota.not_run_error(gauge.cap),
+                              billed=output.quota_error(gauge.cap))
+    if failed:
+        log.warning("the batch's answers reached the tenant's storage cap; its unsent lines fail",
+                    extra={"batch": batch.pk, "lines": failed, "cap": gauge.cap})
+
+
 async def run(batch_id: str) -> str:
     """Run what is left of a batch and finalize it; the batch's status at the end ('busy' when
     another live runner holds it)."""
@@ -138,14 +148,21 @@ async def _run_lines(batch: Batch, key_hash: str | None) -> None:
     renewed = 0.0
     failures: list[BaseException] = []
     refused: ApplicationError | None = None  # the key may no longer send
+    gauge = await db_waiting(quota.gauge_of, batch=batch)  # the tenant's storage cap, counted in memory
+    full = False  # the batch's answers reached it
     try:
         while not failures:
             if time.monotonic() - renewed > 1.0:
                 renewed = time.monotonic()
-                status = await db_waiting(lines.lease_renew, batch_id=batch.pk)
+                status = await db_waiting(lines.lease_renew, batch_id=batch.pk, output_bytes=gauge.own)
                 if status == Batch.Status.CANCELLING or await db_waiting(_expired, batch_id=batch.pk):
                     break  # in-flight lines finish below; unsent ones are failed by finalize
-            free = min(limit - len(in_flight), room(model, len(in_flight)))
+                gauge.elsewhere = await db_waiting(quota.elsewhere, tenant_id=batch.tenant_id, batch_id=batch.pk)
+            if gauge.reached():  # no answer sent now could be kept: the unsent lines fail, unbilled
+                full = True
+                await _fail_unsent_over_cap(batch, gauge)
+                break
+            free = min(limit - len(in_flight), room(model, len(in_flight)), gauge.claimable(len(in_flight)))
             claimed = []
             if free > 0:
                 try:
@@ -169,12 +186,17 @@ async def _run_lines(batch: Batch, key_hash: str | None) -> None:
                 continue
             done, in_flight = await asyncio.wait(in_flight, timeout=WAIT_FOR_ROOM, return_when=asyncio.FIRST_COMPLETED)
             failures += [task.exception() for task in done if task.exception() is not None]
+            for task in done:
+                if task.exception() is None:
+                    gauge.add(task.result())
     finally:
         if in_flight:
             results = await asyncio.gather(*in_flight, return_exceptions=True)
             failures += [r for r in results if isinstance(r, BaseException)]
     if refused is not None:  # a line in flight at the change that came back to be retried is not sent again
         await _fail_pending(batch, refused)
+    if full:  # likewise a line in flight at the cap that came back to be retried
+        await _fail_unsent_over_cap(batch, gauge)
     if failures:
         # A line whose outcome could not be stored (the database stayed away) is still `running`: this run
         # ends, and the next one (Celery's retry, or the resume sweep once the lease has passed) recovers it.
