@@ -52,7 +52,7 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 @dataclass(slots=True)
 class GraphStats:
     graphs: int = 0  # captured graphs
-    capture_seconds: float = 0.0  # wall time of the capture at start-up
+    capture_seconds: float = 0.0  # wall time of the captures (start-up's, and any on first use)
     memory_bytes: int = 0  # device memory the graphs' shared pool took
     replays: int = 0  # decode steps served by a graph (or by the padded eager step)
     eager_steps: int = 0  # decode-only steps too large for any captured size
@@ -171,38 +171,40 @@ class DecodeGraphs:
 
     # -- capture (CUDA) -------------------------------------------------------------------------
     def capture(self) -> GraphStats:
-        """Capture every size (and, with LoRA, every size with adapters), largest first, into one
-        shared memory pool; the caller has warmed the kernels up (engine/warmup.py)."""
+        """Capture every size not yet captured (and, with LoRA, every size with adapters), largest first,
+        into one shared memory pool; the caller has warmed the kernels up (engine/warmup.py)."""
         if self.mode != "cuda":
             return self.stats
-        start = time.perf_counter()
-        free_before = torch.cuda.mem_get_info(self.model.device)[0]
         for p in reversed(self.sizes):
-            self._capture(p, False)
-            if self.lora is not None:
-                self._capture(p, True)
+            for with_lora in (False, True) if self.lora is not None else (False,):
+                if (p, with_lora) not in self._graphs:  # a step of that size may have captured it already
+                    self._capture(p, with_lora)
         torch.cuda.synchronize(self.model.device)
-        self.stats.capture_seconds = time.perf_counter() - start
-        self.stats.memory_bytes = max(free_before - torch.cuda.mem_get_info(self.model.device)[0], 0)
         log.info("captured %d CUDA graphs for decode batches %s in %.1f s, %.1f MiB", self.stats.graphs,
                  self.sizes, self.stats.capture_seconds, self.stats.memory_bytes / 2**20)
         return self.stats
 
     def _capture(self, p: int, with_lora: bool) -> None:
+        device = self.model.device
+        free_before = torch.cuda.mem_get_info(device)[0]
+        started = time.perf_counter()
         self._fill_padding(p)
-        stream = torch.cuda.Stream(device=self.model.device)
-        stream.wait_stream(torch.cuda.current_stream(self.model.device))
+        stream = torch.cuda.Stream(device=device)
+        stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             for _ in range(2):  # Triton's autotuning and lazy allocations happen outside the graph
                 self._forward(p, with_lora)
-        torch.cuda.current_stream(self.model.device).wait_stream(stream)
+        torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self._pool):
             out = self._forward(p, with_lora)
         self._graphs[(p, with_lora)] = (graph, out)
-        self.stats.graphs += 1
+        self.stats.graphs = len(self._graphs)
+        # Each capture's own share: a size captured on first use (before the warm-up's capture) counts too.
+        self.stats.memory_bytes += max(free_before - torch.cuda.mem_get_info(device)[0], 0)
+        self.stats.capture_seconds += time.perf_counter() - started
 
     def _fill_padding(self, p: int) -> None:
         """Every row padding (capture runs the forward on them for real)."""
