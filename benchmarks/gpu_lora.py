@@ -49,7 +49,7 @@ def add_adapters(llm, root: Path, args: LlamaArgs, count: int, rank: int, scale:
     names = []
     for i in range(count):
         name = f"lora{i}"
-        path = root / f"{args.num_layers}l-r{rank}-s{scale}-{i}"
+        path = root / f"{args.num_layers}x{args.hidden_size}-r{rank}-s{scale}-{i}"  # one per model shape
         if not (path / "adapter_model.safetensors").exists():
             write_adapter(path, args, rank, seed=1000 + i, scale=scale)
         llm.add_adapter(name, str(path))

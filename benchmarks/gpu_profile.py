@@ -75,7 +75,8 @@ def entries_from(prof: torch.profiler.profile) -> list[ProfileEntry]:
 
 
 def summarize(entries: list[ProfileEntry], batch: int, mode: str, steps: int, wall_ms: float,
-              replays: int | None = None, top: int = 5) -> StepProfile:
+              replays: int | None = None, top: int = 5, on_gpu: bool = False) -> StepProfile:
+    """Per-step figures of `steps` profiled steps; `on_gpu`: the steps ran on a GPU (kernels were expected)."""
     p = StepProfile(batch, mode, steps, wall_ms, replays=replays)
     host_ops: list[tuple[str, float]] = []
     kernels: list[tuple[str, float]] = []
@@ -105,16 +106,18 @@ def summarize(entries: list[ProfileEntry], batch: int, mode: str, steps: int, wa
     p.gpu_busy = p.gpu_ms / wall_ms if wall_ms > 0 else 0.0
     p.top_host = [(n[:80], t / steps) for n, t in sorted(host_ops, key=lambda x: -x[1])[:top]]
     p.top_kernels = [(n[:80], t / steps) for n, t in sorted(kernels, key=lambda x: -x[1])[:top]]
-    p.verdict = verdict(p)
+    p.verdict = verdict(p, on_gpu)
     return p
 
 
-def verdict(p: StepProfile) -> str:
+def verdict(p: StepProfile, on_gpu: bool = False) -> str:
     def listed(items: list[tuple[str, float]], total: float) -> str:
         return "; ".join(f"{n} {t:.3f} ms ({t / total:.0%})" if total > 0 else f"{n} {t:.3f} ms" for n, t in items[:3])
 
     if p.gpu_ms <= 0:
-        return (f"no GPU kernels recorded (a CPU run): {p.wall_ms:.2f} ms a step; host ops by self time: "
+        why = ("the profiler traced no kernel (are graph replays traced by this CUPTI?)" if on_gpu
+               else "a CPU run")
+        return (f"no GPU kernels recorded ({why}): {p.wall_ms:.2f} ms a step; host ops by self time: "
                 f"{listed(p.top_host, p.host_op_ms)}")
     if p.gpu_busy >= BUSY_GPU:
         return (f"GPU-bound: kernels fill {p.gpu_busy:.0%} of the {p.wall_ms:.2f} ms step; next: "
@@ -160,7 +163,7 @@ def profile_decode(llm, batch: int, prompt_len: int, mode: str, *, steps: int = 
     replays = graphs.stats.replays - before if graphs is not None else None
     while core.has_unfinished():
         core.step(final_only=True)
-    return summarize(entries_from(prof), batch, mode, steps, wall_ms, replays)
+    return summarize(entries_from(prof), batch, mode, steps, wall_ms, replays, on_gpu=device.type == "cuda")
 
 
 def _sync(device: torch.device) -> None:

@@ -31,7 +31,7 @@ def test_every_phase_runs_and_reports(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]  # correct; the targets are a GPU's
     rec = json.loads((results / "gpu_check.json").read_text())
-    assert rec["correct"] is True and rec["speed_model"].endswith("two-3l.gguf")
+    assert rec["correct"] is True and rec["speed_model"].endswith("-3l.gguf")
     phases = rec["phases"]
     for name in ("setup", "graphs_vs_eager", "sweep", "profile", "prefill", "lora"):
         assert phases[name]["status"] == "ok", (name, phases[name])

@@ -41,6 +41,8 @@ def test_a_graph_step_with_a_busy_gpu_is_gpu_bound_and_names_its_kernels():
     assert p.launches == 1 and p.graph_launches == 1 and p.kernels == 150 and p.replays == 16
     assert p.gpu_busy == pytest.approx(30 / 16 / 2.0)
     assert p.verdict.startswith("GPU-bound") and p.verdict.index("gemm_bf16") < p.verdict.index("paged_decode")
+    untraced = summarize(entries[:2], batch=32, mode="graphs", steps=16, wall_ms=2.0, on_gpu=True)
+    assert "the profiler traced no kernel" in untraced.verdict  # not mistaken for a CPU run
 
 
 def test_entries_from_a_real_profile():
