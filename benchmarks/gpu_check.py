@@ -1,150 +1,147 @@
-"""The check to run the day a GPU is lent: is the CUDA path right, and how fast is it?
+"""The check to run the day a GPU is lent: is the CUDA path right, how fast is it, and what limits it?
 
-    python -m benchmarks.gpu_check [--max-tokens 32] [--no-throughput] [--model PATH_OR_ALIAS]
+    python -m benchmarks.gpu_check [--model PATH_OR_ALIAS] [--layers 30] [--results-dir DIR] [--budget 330]
 
-On a CUDA device:
-1. the real model (SmolLM2-135M) through the engine with the Triton kernels, float32, greedy,
-   against the CPU path (the torch references): the same tokens, and the sampled tokens'
-   logprobs and top-5 alternatives within LOGPROB_TOL. A divergence where the CPU's two best
-   tokens are within TIE_TOL of each other is a near-tie, reported but not a failure;
-2. every Triton kernel against its torch twin at production shapes (benchmarks/gpu_check_kernels);
-3. decode throughput in bfloat16 at batch 1 and 32.
-Exits 1 on any mismatch, writes benchmarks/results/gpu_check.{json,md}. `--model` takes another
-model (a lent machine receives at most 64 MiB: `python -m benchmarks.gguf_truncate` makes a
-smaller real-weights SmolLM2 with its first layers).
+One command, sized for 6 minutes on an H100 or H200 (estimates per phase in docs/kernels.md), with the
+6-layer SmolLM2 cut shipped (a lent machine receives 64 MiB; the full GGUF is 98 MB) and a 30-layer
+model rebuilt from it there (benchmarks/gguf_repeat.py). Phases, each in its own time budget, the
+results written after every one (benchmarks/gpu_phases.py), PYTHONUNBUFFERED for a live log; the
+phases are in benchmarks/gpu_check_phases.py, the run's sizes and shared models in benchmarks/gpu_plan.py:
+1. setup: the GPU's ceilings (copy bandwidth, bf16 matmul), the full-depth model built;
+2. graphs_vs_eager: the cut model, CUDA graphs against enforce_eager, float32 and bfloat16, greedy
+   tokens and logprobs (benchmarks/gpu_compare.py); 8 LoRA adapters mixed likewise; the warm-up's
+   graph capture counted;
+3. sweep: decode at batch 1, 8, 32, 128, 256, graphs on and off, against the plain-torch step as one
+   CUDA graph at the same shapes (benchmarks/gpu_sweep.py, benchmarks/plain_step.py);
+4. profile: per decode step launches, host ms, GPU ms, and the bottleneck named (benchmarks/gpu_profile.py);
+5. prefill: one prompt of 128 to 8k tokens, for the roofline;
+6. lora: 8 adapters mixed in a batch of 32 against the base model, under graphs (benchmarks/gpu_lora.py);
+7. engine_vs_cpu: the cut model on CUDA with the Triton kernels against the CPU path, float32;
+8. kernels: every Triton kernel against its torch twin at production shapes (benchmarks/gpu_check_kernels.py).
+Then the roofline PNG (benchmarks/roofline.py, matplotlib) and the targets as pass/fail lines
+(benchmarks/gpu_report.py). Results: DIR/gpu_check.{json,md} and DIR/gpu_check_roofline.png
+(default benchmarks/results). Exit status: 0 all correct and every target met, 1 a correctness
+mismatch, 2 correct but a target missed or not measured.
 
-Without CUDA it says so and exits 0: there is nothing to check on a CPU-only host (the kernels'
-CPU tests run them in Triton's interpreter instead, tests/kernels/).
+On the lent machine (docs/kernels.md, "The GPU check"): ship the cut and the gguf wheel, nothing else.
+Here, once (both folders are in .gitignore):
+
+    python -m benchmarks.gguf_truncate --layers 6 --out .gpu/smollm2-6l.gguf
+    python3 -m pip download --no-deps gguf==0.19.0 --python-version 3.12 --only-binary=:all: -d .whl
+
+then the device run, carry [".gpu", ".whl"], timeout_s 420, this one command:
+
+    set -o pipefail; python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+      && export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 && timeout 360 python3 -m benchmarks.gpu_check \
+      --model .gpu/smollm2-6l.gguf --results-dir $OUT 2>&1 | tee $OUT/gpu_check.log
+
+Without CUDA it says so and exits 0. `--device cpu` is a rehearsal of every phase on the CPU at small
+sizes (the padded graph-safe step eagerly, no CUDA graph, no Triton): it tests this code, its numbers
+mean nothing (tests/benchmarks/test_gpu_check_rehearsal.py runs it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
-from benchmarks.common import environment, fmt, write_results
-from dataplane.scheduler.output import TokenLogprobs
-
-MODEL = "smollm2-135m-instruct"
-LOGPROB_TOL = 2e-3  # float32 on both sides: only summation order differs (~1e-5 seen on CPU thread counts)
-TIE_TOL = 1e-2  # a greedy pick between two tokens this close may flip on any summation order
-PROMPTS = [
-    "The capital of France is",
-    "Write a haiku about a river in spring.",
-    "def fibonacci(n):\n    ",
-    "Explain what a paged KV cache is, in two sentences.",
-]
+from benchmarks.common import RESULTS, environment
+from benchmarks.gpu_check_phases import CUDA_ONLY, PHASE_FNS, roofline
+from benchmarks.gpu_phases import Budget, run_phase
+from benchmarks.gpu_plan import BUDGETS, MODEL, PHASES, Context, Plan
+from benchmarks.gpu_report import correctness_ok, render, targets
 
 
-@dataclass(slots=True)
-class SequenceCheck:
-    prompt: int
-    compared: int  # tokens compared before the end or a near-tie divergence
-    max_logprob_err: float
-    diverged_at: int | None  # first differing position, or None
-    near_tie: bool  # the divergence is explained by a near-tie on the CPU side
-    ok: bool
-
-
-def compare_sequences(index: int, cpu: list[TokenLogprobs], gpu: list[TokenLogprobs],
-                      logprob_tol: float = LOGPROB_TOL, tie_tol: float = TIE_TOL) -> SequenceCheck:
-    """Greedy tokens must agree; logprobs of the sampled token and of shared alternatives within tol."""
-    worst = 0.0
-    for pos, (c, g) in enumerate(zip(cpu, gpu, strict=False)):
-        if c.token_id != g.token_id:
-            alt = dict(c.top).get(g.token_id)
-            tie = alt is not None and c.logprob - alt <= tie_tol
-            return SequenceCheck(index, pos, worst, pos, tie, tie and worst <= logprob_tol)
-        worst = max(worst, abs(c.logprob - g.logprob))
-        g_top = dict(g.top)
-        worst = max([worst] + [abs(lp - g_top[t]) for t, lp in c.top if t in g_top])
-    same_length = len(cpu) == len(gpu)
-    return SequenceCheck(index, min(len(cpu), len(gpu)), worst, None if same_length else min(len(cpu), len(gpu)),
-                         False, same_length and worst <= logprob_tol)
-
-
-def _generate(device: str, dtype: str, prompts: list, max_tokens: int, *, logprobs: int | None = 5,
-              max_num_seqs: int = 64, ignore_eos: bool = False):
-    from dataplane import SamplingParams
-    from dataplane.engine.llm import LLM
-
-    llm = LLM(MODEL, dtype=dtype, device=device, max_num_seqs=max_num_seqs, kv_cache_memory="2GiB")
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs, ignore_eos=ignore_eos)
-    return llm, llm.generate(prompts, params)
-
-
-def engine_check(max_tokens: int) -> list[SequenceCheck]:
-    _, cpu = _generate("cpu", "float32", PROMPTS, max_tokens)
-    _, gpu = _generate("cuda", "float32", PROMPTS, max_tokens)
-    return [compare_sequences(i, c.outputs[0].logprobs or [], g.outputs[0].logprobs or [])
-            for i, (c, g) in enumerate(zip(cpu, gpu, strict=True))]
-
-
-def throughput(batch: int, prompt_tokens: int = 128, output_tokens: int = 128) -> dict:
-    """bfloat16 decode on the GPU: `batch` requests at once, every one `output_tokens` long."""
-    llm, _ = _generate("cuda", "bfloat16", [[1, 2, 3]], 4, logprobs=None, max_num_seqs=batch)  # warm-up, compile
-    prompts = [[(7 * i + j) % 40000 + 100 for j in range(prompt_tokens)] for i in range(batch)]
-    from dataplane import SamplingParams
-
-    params = SamplingParams(max_tokens=output_tokens, temperature=0.0, ignore_eos=True)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params)
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    tokens = sum(len(o.token_ids) for o in outs)
-    return {"batch": batch, "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds}
+def save(record: dict, results_dir: Path) -> None:
+    results_dir.mkdir(parents=True, exist_ok=True)
+    record["targets"] = [asdict(t) for t in targets(record)]
+    record["correct"] = correctness_ok(record)
+    (results_dir / "gpu_check.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    (results_dir / "gpu_check.md").write_text(render(record) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    global MODEL
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--max-tokens", type=int, default=32, help="greedy tokens per prompt in the engine check")
-    ap.add_argument("--no-throughput", action="store_true")
     ap.add_argument("--model", default=MODEL, help="alias, .gguf file or model directory (default: SmolLM2-135M)")
+    ap.add_argument("--layers", type=int, default=30,
+                    help="depth of the speed phases' model, rebuilt from --model's blocks (0: --model as it is)")
+    ap.add_argument("--device", default=None, help="cuda (default where present) or cpu (a rehearsal: small sizes)")
+    ap.add_argument("--dtype", default=None, help="the speed phases' dtype (default bfloat16 on CUDA, float32 on CPU)")
+    ap.add_argument("--results-dir", type=Path, default=RESULTS)
+    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/tessera-gpu-check"),
+                    help="where the full-depth GGUF and the adapters are written")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds for the whole run, phases capped by it (default 330; a CPU rehearsal 1800)")
+    ap.add_argument("--skip", default="", help=f"comma-separated phases to skip: {', '.join(PHASES[1:])}")
+    ap.add_argument("--max-tokens", type=int, default=None, help="greedy tokens per prompt in the correctness phases")
     args = ap.parse_args(argv)
-    MODEL = args.model
-    if not torch.cuda.is_available():
+    if args.device is None and not torch.cuda.is_available():
         print("gpu_check: no CUDA device on this host (torch.cuda.is_available() is False); nothing to check. "
-              "Run it where a GPU is lent.")
+              "Run it where a GPU is lent (or `--device cpu` to rehearse the check itself).")
         return 0
-    from benchmarks.gpu_check_kernels import PRODUCTION, kernel_table, table_markdown
-    from kernels.dispatch import triton_available, use_triton
+    device = args.device or "cuda"
+    cuda = device.startswith("cuda")
+    if cuda:
+        from kernels.dispatch import triton_available, use_triton
 
-    if not triton_available() or not use_triton("cuda"):
-        print("gpu_check: CUDA is present but the Triton kernels are not in use (triton missing, or "
-              "TESSERA_KERNELS=torch); install the 'gpu' extra and unset TESSERA_KERNELS.")
+        if not triton_available() or not use_triton("cuda"):
+            print("gpu_check: CUDA is present but the Triton kernels are not in use (triton missing, or "
+                  "TESSERA_KERNELS=torch); install the 'gpu' extra and unset TESSERA_KERNELS.")
+            return 1
+    dtype = args.dtype or ("bfloat16" if cuda else "float32")
+    common = dict(device=device, model=args.model, layers=args.layers, dtype=dtype, results_dir=args.results_dir,
+                  work_dir=args.work_dir, budget=args.budget or (330.0 if cuda else 1800.0),
+                  skip=tuple(s for s in args.skip.split(",") if s) + (() if cuda else CUDA_ONLY))
+    plan = Plan(**common) if cuda else Plan.rehearsal(**common)
+    if args.max_tokens:
+        plan.check_tokens = args.max_tokens
+    unknown = set(plan.skip) - set(PHASES)
+    if unknown:
+        ap.error(f"--skip: unknown phases {sorted(unknown)}; they are {', '.join(PHASES)}")
+    overall = Budget(plan.budget)
+    record: dict = {"device": device, "gpu": torch.cuda.get_device_name(0) if cuda else None,
+                    "date": time.strftime("%Y-%m-%d"), "model": plan.model, "speed_model": None,
+                    "speed_layers": plan.layers, "speed_dtype": plan.dtype, "plan": asdict(plan),
+                    "env": {**environment(), "cuda": torch.version.cuda, "triton": _triton_version()}}
+    ctx = Context(plan)
+
+    def write() -> None:
+        save(record, plan.results_dir)
+
+    for name in PHASES:
+        if name in plan.skip:
+            record.setdefault("phases", {})[name] = {"status": "skipped (--skip or no CUDA)", "seconds": 0.0,
+                                                     "budget": 0.0}
+            continue
+        fn = PHASE_FNS[name]
+        run_phase(name, BUDGETS[name] * plan.budget_scale, lambda budget, fn=fn: fn(ctx, budget, record), record, overall, write)
+        record["speed_model"] = ctx.speed_model
+    try:
+        record["roofline"] = roofline(ctx, record)
+    except Exception as exc:  # noqa: BLE001 - the picture must not lose the table
+        record["roofline"] = None
+        print(f"roofline failed: {exc!r}", flush=True)
+    write()
+    print(render(record), flush=True)
+    correct = correctness_ok(record)
+    if correct is False:
         return 1
-    name = torch.cuda.get_device_name(0)
-    seqs = engine_check(args.max_tokens)
-    kernels = kernel_table(PRODUCTION, "cuda")
-    speed = [] if args.no_throughput else [throughput(1), throughput(32)]
-    ok = all(s.ok for s in seqs) and all(r.ok for r in kernels)
-
-    lines = [f"# GPU check: {name}, {time.strftime('%Y-%m-%d')}", "", f"Model: `{MODEL}`.", "",
-             f"Result: **{'pass' if ok else 'MISMATCH'}**", "",
-             f"## Engine, float32, greedy {args.max_tokens} tokens: CUDA + Triton vs CPU + torch references", "",
-             "| prompt | tokens compared | max logprob err | diverged at | near-tie | ok |", "|---|---:|---:|---:|---|---|"]
-    lines += [f"| {s.prompt} | {s.compared} | {s.max_logprob_err:.1e} | {'–' if s.diverged_at is None else s.diverged_at}"
-              f" | {'yes' if s.near_tie else 'no'} | {'yes' if s.ok else '**NO**'} |" for s in seqs]
-    lines += ["", "## Kernels vs torch twins, production shapes", "", table_markdown(kernels)]
-    if speed:
-        lines += ["", "## Decode throughput, bfloat16, 128-token prompts, 128 output tokens", "",
-                  "| batch | tokens | seconds | tok/s |", "|---:|---:|---:|---:|"]
-        lines += [f"| {r['batch']} | {r['tokens']} | {fmt(r['seconds'], 2)} | {fmt(r['tok_s'])} |" for r in speed]
-    table = "\n".join(lines)
-    print(table)
-    write_results("gpu_check", {"env": environment(), "gpu": name, "model": MODEL, "ok": ok, "engine": [vars_of(s) for s in seqs],
-                                "kernels": [vars_of(r) for r in kernels], "throughput": speed}, table)
-    return 0 if ok else 1
+    return 0 if all(t["ok"] for t in record["targets"]) and correct else 2
 
 
-def vars_of(obj: object) -> dict:
-    return {f: getattr(obj, f) for f in obj.__slots__}  # type: ignore[attr-defined]
+def _triton_version() -> str | None:
+    try:
+        import triton
+
+        return triton.__version__
+    except ImportError:
+        return None
 
 
 if __name__ == "__main__":

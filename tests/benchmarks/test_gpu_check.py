@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.gpu_check import compare_sequences
+from benchmarks.gpu_compare import compare_sequences
 from dataplane.scheduler.output import TokenLogprobs
 
 ROOT = Path(__file__).resolve().parents[2]
