@@ -21,8 +21,8 @@ import logging
 from datetime import datetime, timedelta
 
 from axes.handlers.database import AxesDatabaseHandler
-from axes.helpers import get_client_username
-from axes.models import AccessAttempt
+from axes.helpers import get_client_parameters, get_client_username
+from axes.models import AccessAttempt, AccessLog
 from django.db.models import Max, Q, QuerySet, Sum
 from django.http import HttpRequest
 from django.utils import timezone
@@ -92,10 +92,36 @@ def _state(attempts: QuerySet) -> tuple[int, datetime | None]:
     return int(row["failures"] or 0), row["last"]
 
 
+def signed_in_here(username: str | None, address: str | None) -> bool:
+    """Whether `username` signed in successfully from `address` within the longest cool-off."""
+    if not username or not address:
+        return False
+    since = timezone.now() - conf.cooloff_max()
+    return AccessLog.objects.filter(username=username, ip_address=address, attempt_time__gte=since).exists()
+
+
+def remember_sign_in(request: HttpRequest, username: str) -> None:
+    """Log a successful sign-in that Django's `user_logged_in` does not announce (HTTP Basic on the API):
+    a row when the username has none from this address in the last half of the longest cool-off, so
+    one or two a day, not one per request (an indexed lookup per request instead)."""
+    address = client_ip_for_axes(request)
+    if not address or not username:
+        return
+    since = timezone.now() - conf.cooloff_max() / 2
+    if not AccessLog.objects.filter(username=username, ip_address=address, attempt_time__gte=since).exists():
+        AccessLog.objects.create(
+            username=username[:USERNAME_MAX], ip_address=address,
+            user_agent=request.META.get("HTTP_USER_AGENT", "")[:255],
+            http_accept=request.META.get("HTTP_ACCEPT", "")[:1025], path_info=request.path[:255],
+        )
+
+
 def locked_until(request: HttpRequest, credentials: dict | None = None) -> datetime | None:
     """When the lockout that covers this request ends (the later of its username's and its address's); None if none."""
     username = get_client_username(request, credentials)
     address = getattr(request, "axes_ip_address", None) or client_ip_for_axes(request)
+    if signed_in_here(username, address):
+        address = None  # judged by its username alone
     until = None
     for keys in ({"username": username} if username is not None else None, {"ip_address": address} if address else None):
         if keys is None:
@@ -122,8 +148,14 @@ class GrowingCoolOffHandler(AxesDatabaseHandler):
     def get_user_attempts(self, request: HttpRequest, credentials: dict | None = None) -> list[QuerySet]:
         now = getattr(request, "axes_attempt_time", None) or timezone.now()
         limit = conf.failure_limit()
+        username = get_client_username(request, credentials)
+        keys = get_client_parameters(username, request.axes_ip_address, request.axes_user_agent, request, credentials)
+        known = signed_in_here(username, request.axes_ip_address)
         result = []
-        for attempts in self.filter_user_attempts(request, credentials):
+        for filters, attempts in zip(keys, self.filter_user_attempts(request, credentials), strict=True):
+            if known and "username" not in filters:  # the address's count does not lock a user known there
+                result.append(attempts.none())
+                continue
             failures, last = _state(attempts)
             if failures < limit or (last is not None and last + cool_off_for(failures) > now):
                 result.append(attempts)

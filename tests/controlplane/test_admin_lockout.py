@@ -74,6 +74,41 @@ def test_lockout_is_per_address_across_usernames(admin_user, django_user_model):
     assert _signed_in(_post(Client(), "bob", "bobs-password", ip="198.51.100.51"))
 
 
+def test_an_address_lock_does_not_shut_out_a_user_known_there(admin_user, django_user_model):
+    """Names sprayed from a shared address (an office NAT, a fuzzer's invalid-credential probes) lock the
+    address for everyone not seen there, but not for an operator who signed in from it: the operator
+    stays under the username's own count, so the exception buys an attacker no guess."""
+    django_user_model.objects.create_user("bob", password="bobs-password", is_staff=True)
+    assert _signed_in(_post(Client(), "admin", "right-password", ip="198.51.100.80"))
+    for i in range(5):
+        _post(Client(), f"made-up-{i}", "wrong", ip="198.51.100.80")
+    assert _post(Client(), "bob", "bobs-password", ip="198.51.100.80").status_code == 429  # never seen here
+    assert _signed_in(_post(Client(), "admin", "right-password", ip="198.51.100.80"))
+    # Guessing the known operator's password from the locked address: five guesses, then its own lockout.
+    statuses = [_post(Client(), "admin", f"guess-{i}", ip="198.51.100.80").status_code for i in range(6)]
+    assert statuses == [200] * 4 + [429] * 2
+    response = _post(Client(), "admin", "right-password", ip="198.51.100.80")
+    assert response.status_code == 429 and 0 < int(response["Retry-After"]) <= 300
+
+
+def test_an_api_basic_sign_in_makes_its_user_known_at_the_address(admin_user):
+    import base64
+
+    from axes.models import AccessLog
+
+    def basic(username, password):
+        token = base64.b64encode(f"{username}:{password}".encode()).decode()
+        return Client().get("/api/v1/tiers/", HTTP_AUTHORIZATION=f"Basic {token}", REMOTE_ADDR="198.51.100.131")
+
+    assert basic("admin", "right-password").status_code == 200
+    assert basic("admin", "right-password").status_code == 200
+    assert AccessLog.objects.filter(username="admin", ip_address="198.51.100.131").count() == 1  # not one a request
+    for i in range(5):
+        assert basic(f"SCHEMATHESIS-INVALID-{i}", "x").status_code in (401, 403, 429)
+    assert basic("someone-else", "x").status_code == 429  # the address is locked ...
+    assert basic("admin", "right-password").status_code == 200  # ... but not for the operator known there
+
+
 def test_a_cooldown_ends_and_then_grows(admin_user, settings):
     settings.TESSERA_LOGIN_COOLOFF_SECONDS = 60
     for _ in range(5):
