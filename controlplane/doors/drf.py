@@ -7,9 +7,12 @@ reaches the API through the admin's session, or through a tenant API key.
 
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
 from rest_framework import authentication, exceptions
 
-from . import twofactor
+from controlplane.sso.config import password_login_enabled
+
+from . import basic_cache, lockout, twofactor
 
 
 class VerifiedSessionAuthentication(authentication.SessionAuthentication):
@@ -22,6 +25,9 @@ class VerifiedSessionAuthentication(authentication.SessionAuthentication):
 
 class PasswordOnlyBasicAuthentication(authentication.BasicAuthentication):
     def authenticate_credentials(self, userid, password, request=None):
+        user = self._recalled(userid, password, request)
+        if user is not None:
+            return self._signed_in(user, request), None
         try:
             user, auth = super().authenticate_credentials(userid, password, request)
         except exceptions.AuthenticationFailed:
@@ -32,10 +38,32 @@ class PasswordOnlyBasicAuthentication(authentication.BasicAuthentication):
                 inner.axes_locked_out = True
                 inner.axes_credentials = getattr(request, "axes_credentials", None)
             raise
+        user = self._signed_in(user, request)
+        basic_cache.remember(userid, password, user_pk=user.pk, stored_hash=user.password)
+        return user, auth
+
+    @staticmethod
+    def _recalled(userid, password, request):
+        """The user of a pair verified within the last minute (basic_cache.py), if it still holds:
+        same stored hash, active, password sign-in on, not locked out. Else None: the full check runs."""
+        found = basic_cache.recall(userid, password)
+        if found is None or not password_login_enabled():
+            return None
+        user = get_user_model()._default_manager.filter(pk=found.user_pk, is_active=True).first()
+        if user is None or user.password != found.stored_hash:
+            return None
+        if lockout.locked_until(getattr(request, "_request", request), {"username": userid}) is not None:
+            return None  # the full path answers with the lockout's 429 and its Retry-After
+        return user
+
+    @staticmethod
+    def _signed_in(user, request):
         if twofactor.requires_second_factor(user):
             raise exceptions.AuthenticationFailed(
                 "This account signs in with a second factor: use the admin's session or an API key, not a password.")
-        return user, auth
+        # Known at this address from now on: an address lock others cause does not shut it out (lockout.py).
+        lockout.remember_sign_in(getattr(request, "_request", request), user.get_username())
+        return user
 
 
 # The OpenAPI schema describes them as the standard cookie and basic schemes they narrow.
