@@ -5,11 +5,11 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers as drf
 from rest_framework import status
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.pagination import Pages
 from tenants import selectors, services
 from tenants.models import Tier
 
@@ -26,9 +26,11 @@ class OperatorView(APIView):
 
 
 class TenantListView(OperatorView):
+    pagination_class = Pages  # for the schema (drf-spectacular): its GET answers a page
+
     @extend_schema(responses=s.TenantSerializer(many=True), summary="List tenants")
     def get(self, request: Request) -> Response:
-        paginator = LimitOffsetPagination()
+        paginator = self.pagination_class()
         page = paginator.paginate_queryset(selectors.tenant_list(), request, view=self)
         return paginator.get_paginated_response(s.TenantSerializer(page, many=True).data)
 

@@ -10,11 +10,11 @@ from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, renderers
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.pagination import Pages
 from tenants.api.permissions import IsFinance, IsOperator
 from tenants.api.views import TenantScopedView
 from tenants.models import Tenant
@@ -63,7 +63,7 @@ class AuditEventListView(TenantScopedView):
 
     def page(self, request: Request, serializer_class) -> Response:
         events = selectors.audit_events(tenant_id=self.tenant(request).pk, **_filters(request))
-        paginator = LimitOffsetPagination()
+        paginator = Pages()
         page = paginator.paginate_queryset(events, request, view=self)
         return paginator.get_paginated_response(serializer_class(page, many=True).data)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from controlplane.pagination import Pages
 from tenants.api.operator_views import OperatorView
 from tenants.api.views import TenantScopedView
 
@@ -17,8 +17,17 @@ from .. import selectors, services
 from . import serializers as s
 
 
+class Paged:
+    """A list answered one page (controlplane/pagination.py) at a time. APIView ignores `pagination_class`,
+    but drf-spectacular reads it: without it the schema called these lists bare arrays, which
+    generated clients and schemathesis' response check (and its links from a list to its items) read
+    wrong. The page envelope and `limit`/`offset` are now in the schema."""
+
+    pagination_class = Pages
+
+
 def _page(view, request: Request, queryset, serializer_class) -> Response:
-    paginator = LimitOffsetPagination()
+    paginator = view.pagination_class()
     page = paginator.paginate_queryset(queryset, request, view=view)
     return paginator.get_paginated_response(serializer_class(page, many=True).data)
 
@@ -31,7 +40,7 @@ def _valid(serializer_class, request: Request, **kwargs) -> dict:
 
 # --- models ---------------------------------------------------------------------------------------
 
-class ModelListView(OperatorView):
+class ModelListView(Paged, OperatorView):
     @extend_schema(responses=s.ModelSerializer(many=True), summary="List models")
     def get(self, request: Request) -> Response:
         return _page(self, request, selectors.model_list(), s.ModelSerializer)
@@ -61,7 +70,7 @@ class ModelDetailView(OperatorView):
 
 # --- workers --------------------------------------------------------------------------------------
 
-class WorkerListView(OperatorView):
+class WorkerListView(Paged, OperatorView):
     @extend_schema(responses=s.WorkerSerializer(many=True), summary="List workers with their load")
     def get(self, request: Request) -> Response:
         return _page(self, request, selectors.worker_list(), s.WorkerSerializer)
@@ -89,7 +98,7 @@ class WorkerUncordonView(OperatorView):
 
 # --- deployments ----------------------------------------------------------------------------------
 
-class DeploymentListView(OperatorView):
+class DeploymentListView(Paged, OperatorView):
     @extend_schema(responses=s.DeploymentSerializer(many=True), summary="List deployments")
     def get(self, request: Request) -> Response:
         return _page(self, request, selectors.deployment_list(), s.DeploymentSerializer)
@@ -138,7 +147,7 @@ def _adapter_serializer(kwargs: dict):
     return s.OperatorAdapterSerializer if "slug" in kwargs else s.AdapterSerializer
 
 
-class AdapterListView(TenantScopedView):
+class AdapterListView(Paged, TenantScopedView):
     @extend_schema(responses=s.AdapterSerializer(many=True), summary="List your adapters")
     def get(self, request: Request, **kwargs) -> Response:
         return _page(self, request, selectors.adapter_list(tenant=self.tenant(request)), _adapter_serializer(kwargs))
