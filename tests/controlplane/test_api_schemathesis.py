@@ -11,9 +11,6 @@ from __future__ import annotations
 import base64
 import collections
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import hypothesis
 import pytest
@@ -23,6 +20,8 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import Flaky
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import ignored_auth, response_schema_conformance
+
+from .other_database import run_on_other_database
 
 EXAMPLES = int(os.environ.get("SCHEMATHESIS_EXAMPLES", "8"))
 SCENARIOS = int(os.environ.get("SCHEMATHESIS_SCENARIOS", "25"))
@@ -112,7 +111,7 @@ def test_a_stateful_workflow_as_an_operator(operator_headers, monkeypatch):
     run = settings(max_examples=SCENARIOS, stateful_step_count=8, deadline=None, database=None,
                    suppress_health_check=list(HealthCheck), phases=[Phase.generate])
     suites = 0
-    for seed in range(4):
+    for seed in range(6):
         # The database outlives each scenario, so Hypothesis may find a replay that draws differently
         # (Flaky): as schemathesis' own runner does, start the suite again under the next seed.
         try:
@@ -137,19 +136,4 @@ def test_the_same_fuzz_on_the_other_database(settings):
     """The stateful workflow and the refused values again, in a child pytest on the other backend:
     SQLite when this run has PostgreSQL (CI), PostgreSQL when this run has SQLite and a server answers.
     (The per-operation fuzz stays on the first: it doubled the module's time for no find of its own.)"""
-    from controlplane.settings.test import _postgres_up
-
-    env = {**os.environ, CHILD: "1"}
-    env.pop("DATABASE_URL", None)
-    if settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
-        env["TESSERA_TEST_DATABASE"] = "sqlite"
-    elif _postgres_up() or os.environ.get("TESSERA_REQUIRE_SERVICES") == "1":
-        env["TESSERA_TEST_DATABASE"] = "postgresql"
-    else:
-        pytest.skip("no PostgreSQL server answers for the second run")
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=600", str(Path(__file__).resolve()),
-         "-k", "stateful or refuses"],
-        cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=900,
-    )
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    run_on_other_database(settings, __file__, selection="stateful or refuses", child_flag=CHILD)

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -19,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from .asgi_driver import Reply, call
+from .other_database import run_on_other_database
 from .test_gateway_fuzz import assert_not_a_failure, json_values
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -184,20 +182,4 @@ async def test_response_creation(secret, real, body):
 def test_the_same_fuzz_on_the_other_database(settings):
     """This module again in a child pytest on the other backend: SQLite when this run has PostgreSQL
     (CI), PostgreSQL when this run has SQLite and a server answers."""
-    from controlplane.settings.test import _postgres_up
-
-    env = {**os.environ, CHILD: "1"}
-    env.pop("DATABASE_URL", None)
-    if settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
-        env["TESSERA_TEST_DATABASE"] = "sqlite"
-    elif _postgres_up() or os.environ.get("TESSERA_REQUIRE_SERVICES") == "1":
-        env["TESSERA_TEST_DATABASE"] = "postgresql"
-    else:
-        pytest.skip("no PostgreSQL server answers for the second run")
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=600", str(Path(__file__).resolve()),
-         "-k", "not the_same_fuzz_on_the_other_database"],
-        cwd=root, env=env, capture_output=True, text=True, timeout=900,
-    )
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    run_on_other_database(settings, __file__, selection="not the_same_fuzz_on_the_other_database", child_flag=CHILD)
