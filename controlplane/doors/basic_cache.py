@@ -1,6 +1,6 @@
 """A short memory of passwords the management API's HTTP Basic sign-in has already verified.
 
-Django stores passwords as PBKDF2 with a million iterations: about 0.5 s of CPU on a 2-core EPYC
+Django stores passwords as PBKDF2 with a million iterations: about 0.4 s of CPU on a 2-core AVX2 EPYC
 (1 s under load), paid on every Basic-authenticated call, since Basic has no session. An
 operator's script of a few calls a second, or a fuzzer, then keeps the control plane's cores busy
 hashing. After a full check succeeds, the pair (username, password) is remembered for
