@@ -19,6 +19,7 @@ from django.utils import timezone
 from controlplane.asyncdb import db_call
 
 from ..models import BudgetPeriod, RateLimitState, Reservation
+from . import refusals
 from .base import (
     BudgetSeed,
     Decision,
@@ -159,7 +160,9 @@ class DatabaseLimiter:
         return await db_call(_reserve, plan, seed)
 
     async def settle(self, settlement: Settlement) -> bool:
-        return await db_call(_settle, settlement)
+        settled = await db_call(_settle, settlement)
+        refusals.slot_freed(settlement.tenant_id)  # its slot is free: a remembered concurrency refusal ends
+        return settled
 
     async def renew(self, held: Sequence[tuple[int, str]]) -> int:
         return await db_call(_renew, held) if held else 0

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from . import refusals
 from .base import (
     BudgetSeed,
     Decision,
@@ -212,7 +213,9 @@ class RedisLimiter:
             s.actual_tokens - s.reserved_tokens,
             s.actual_spend_nano - s.reserved_spend_nano,
         ]
-        return bool(await settle(keys=_keys(s.tenant_id, s.request_id, s.period), args=args))
+        settled = bool(await settle(keys=_keys(s.tenant_id, s.request_id, s.period), args=args))
+        refusals.slot_freed(s.tenant_id)  # its slot is free: a remembered concurrency refusal ends
+        return settled
 
     async def renew(self, held: Sequence[tuple[int, str]]) -> int:
         *_, renew = self._scripts()

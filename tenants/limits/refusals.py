@@ -9,10 +9,17 @@ tenant's requests until then with the same decision, its windows and retry-after
 time since (the tokens window's remaining count is the refill-projected one; a refund settled
 meanwhile shows up at the next round trip).
 
-Only "requests" refusals are remembered: a token, concurrency or budget refusal can end early (a
-settle refunds tokens, frees a slot). A request too large for the tokens window still goes to the
-limiter, which answers `too_large` first, as it always has. The memory is keyed by tenant and
-checked against the tenant's current limits, so a tier change takes effect at once.
+A concurrency refusal is remembered too, but briefly: it ends when a slot frees, which this process
+sees for its own requests (a settle here forgets it at once: `slot_freed`) but not for another
+gateway's. So it is held CONCURRENCY_MEMORY_SECONDS at most: under a flood, one limiter round trip per
+tenant per quarter second instead of one per request (on `make run`'s SQLite limiter each was a write
+transaction that premium admissions queued behind; benchmarks.flood), and a slot freed by another
+process is seen at most that late. Its Retry-After stays the limiter's.
+
+Token and budget refusals are not remembered (a settle refunds tokens; budgets are priced). A request
+too large for the tokens window still goes to the limiter, which answers `too_large` first, as it
+always has. The memory is keyed by tenant and checked against the tenant's current limits, so a tier
+change takes effect at once.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from dataclasses import dataclass, replace
 from .base import Decision, LimitPlan, TenantLimits, WindowState
 
 _MAX = 100_000  # tenants remembered before the memory is emptied
+CONCURRENCY_MEMORY_SECONDS = 0.25
+_REMEMBERED = ("requests", "concurrency")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +62,15 @@ def remembers(tenant_id: int) -> bool:
 
 
 def remember(plan: LimitPlan, decision: Decision, asked_at: float) -> None:
-    """Keep a requests-per-minute refusal the limiter gave for `plan`, asked at monotonic `asked_at`."""
-    if decision.allowed or decision.reason != "requests" or decision.retry_after <= 0:
+    """Keep a requests-per-minute or concurrency refusal the limiter gave for `plan`, asked at monotonic `asked_at`."""
+    if decision.allowed or decision.reason not in _REMEMBERED or decision.retry_after <= 0:
         return
     # The bucket reaches one request at the limiter's time of asking + retry_after, which is no earlier
     # than asked_at + retry_after: remembering until then never refuses what the limiter would admit.
-    entry = _Refusal(plan.limits, decision, asked_at, asked_at + decision.retry_after)
+    # A slot may free any time: held briefly, and forgotten at once when one frees here.
+    held = decision.retry_after if decision.reason == "requests" else min(decision.retry_after,
+                                                                            CONCURRENCY_MEMORY_SECONDS)
+    entry = _Refusal(plan.limits, decision, asked_at, asked_at + held)
     with _lock:
         if len(_memo) >= _MAX:
             _memo.clear()
@@ -79,8 +91,18 @@ def recall(plan: LimitPlan, now: float | None = None) -> Decision | None:
         return None  # the limiter's answer is `too_large`, which it checks before the request count
     elapsed = now - entry.asked_at
     d = entry.decision
-    return replace(d, retry_after=entry.until - now, requests=_later(d.requests, elapsed),
+    retry_after = entry.until - now if d.reason == "requests" else d.retry_after
+    return replace(d, retry_after=retry_after, requests=_later(d.requests, elapsed),
                    tokens=_later(d.tokens, elapsed))
+
+
+def slot_freed(tenant_id: int) -> None:
+    """A request of this tenant settled here: a concurrency refusal no longer holds (a requests one does)."""
+    entry = _memo.get(tenant_id)
+    if entry is not None and entry.decision.reason == "concurrency":
+        with _lock:
+            if _memo.get(tenant_id) is entry:
+                del _memo[tenant_id]
 
 
 def _later(window: WindowState | None, elapsed: float) -> WindowState | None:

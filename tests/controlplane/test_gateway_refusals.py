@@ -5,6 +5,7 @@ through the deployed ASGI application, so the /v1 handler's early answer is what
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -94,10 +95,10 @@ def _refused(reason: str = "requests", retry: float = 20.0) -> Decision:
     return Decision(False, reason, retry, WindowState(2, 0, 50.0), WindowState(1000, 400, 36.0))
 
 
-def test_only_requests_refusals_are_remembered_and_only_until_the_bucket_refills():
+def test_only_requests_and_concurrency_refusals_are_remembered_and_requests_until_the_bucket_refills():
     refusals.clear()
     plan = _plan()
-    for reason in ("tokens", "concurrency", "token_budget"):
+    for reason in ("tokens", "token_budget", "spend_budget", "too_large"):
         refusals.remember(plan, _refused(reason), asked_at=100.0)
         assert refusals.recall(plan, now=100.1) is None
     refusals.remember(plan, _refused(), asked_at=100.0)
@@ -109,4 +110,47 @@ def test_only_requests_refusals_are_remembered_and_only_until_the_bucket_refills
     assert refusals.recall(_plan(requests_per_minute=60), now=106.0) is None  # limits changed: ask again
     refusals.remember(plan, _refused(), asked_at=100.0)
     assert refusals.recall(plan, now=120.0) is None  # the bucket holds a request again
+    refusals.clear()
+
+
+def test_a_concurrency_refusal_is_held_a_quarter_second_or_until_a_slot_frees_here():
+    refusals.clear()
+    plan = _plan(max_concurrent_requests=2)
+    refusals.remember(plan, _refused("concurrency", retry=1.0), asked_at=100.0)
+    held = refusals.recall(plan, now=100.2)
+    assert held.reason == "concurrency" and held.retry_after == 1.0  # the limiter's Retry-After, not the memory's
+    assert refusals.recall(plan, now=100.0 + refusals.CONCURRENCY_MEMORY_SECONDS) is None  # another gateway may have freed one
+    refusals.remember(plan, _refused("concurrency", retry=1.0), asked_at=100.0)
+    refusals.slot_freed(plan.tenant_id)  # one of its requests settled here
+    assert refusals.recall(plan, now=100.1) is None
+    refusals.remember(plan, _refused(), asked_at=100.0)  # a requests refusal: a settle gives no request back
+    refusals.slot_freed(plan.tenant_id)
+    assert refusals.recall(plan, now=106.0).reason == "requests"
+    refusals.clear()
+
+
+async def test_a_flood_past_the_concurrency_limit_asks_the_limiter_once_and_a_settled_slot_admits_at_once(
+        request, gateway, tenant_key, workers, drain, monkeypatch):
+    """The free tier's refusal under benchmarks.flood's flood: concurrency, not requests per minute."""
+    gateway.TESSERA_AUTH_CACHE_SECONDS = 60.0
+    monkeypatch.setattr(refusals, "CONCURRENCY_MEMORY_SECONDS", 30.0)  # only the settle can end it here
+    from controlplane.asgi import application
+
+    for worker in workers:
+        worker.token_delay = 0.1  # the admitted request holds its slot 0.4 s
+    _, secret = await tenant_key(requests_per_minute=10_000, max_concurrent_requests=1)
+    headers = {"authorization": f"Bearer {secret}"}
+    holder = asyncio.create_task(call(application, "/v1/chat/completions", [CHAT], headers=headers))
+    await asyncio.sleep(0.15)
+    first = await call(application, "/v1/chat/completions", [CHAT], headers=headers)  # the limiter refuses
+    assert first.status == 429 and first.json()["error"]["message"].startswith("Too many concurrent requests"), first.json()
+    counted = request.getfixturevalue("counted")
+    again = [await call(application, "/v1/chat/completions", [CHAT], headers=headers) for _ in range(5)]
+    assert [r.status for r in again] == [429] * 5
+    assert counted["reserves"] == 0 and counted["queries"] == 0  # from memory
+    assert all(r.headers["retry-after"] == first.headers["retry-after"] for r in again)
+    assert (await holder).status == 200
+    await drain()  # its settle frees the slot here: the memory ends with it
+    assert (await call(application, "/v1/chat/completions", [CHAT], headers=headers)).status == 200
+    assert counted["reserves"] == 1
     refusals.clear()
