@@ -34,6 +34,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.common import cpu_seconds, percentile
+from benchmarks.gateway_refusals import ttfts
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
@@ -67,24 +68,6 @@ async def _flood(url: str, key: str, concurrency: int, seconds: float) -> dict:
     return {"statuses": dict(statuses), "seconds": seconds, "missing_retry_after": missing_retry_after}
 
 
-def _ttfts(url: str, key: str, n: int, max_tokens: int) -> list[float]:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": max_tokens,
-            "stream": True}
-    out = []
-    with httpx.Client(timeout=120) as client:
-        for _ in range(n):
-            t0, first = time.perf_counter(), None
-            with client.stream("POST", f"{url}/v1/chat/completions", json=body,
-                               headers={"Authorization": f"Bearer {key}"}) as r:
-                if r.status_code != 200:
-                    raise RuntimeError(f"premium: {r.status_code} {r.read()[:200]!r}")
-                for line in r.iter_lines():
-                    if first is None and line.startswith("data: {") and '"content"' in line:
-                        first = (time.perf_counter() - t0) * 1e3
-            out.append(first)
-    return out
-
-
 def _stack(var: Path, port: int, wait: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "TESSERA_VAR_DIR": str(var), "OMP_WAIT_POLICY": wait.upper()}
     proc = subprocess.Popen([sys.executable, "-m", "controlplane.localstack", "--port", str(port),
@@ -116,15 +99,14 @@ def run_one(wait: str, port: int, seconds: float, premium_n: int, concurrency: i
     proc, url = _stack(var, port, wait)
     try:
         premium, free = _tenant(var, "Premium Co", "premium"), _tenant(var, "Free Co", "free")
-        _ttfts(url, premium, 3, 48)  # warm
-        quiet = _ttfts(url, premium, premium_n, 48)
+        quiet = ttfts(url, premium, MODEL, premium_n, 48)  # after 3 unmeasured
         web = _web_pid(var)
         flooder = subprocess.Popen(["nice", "-n", "10", sys.executable, "-m", "benchmarks.flood", "--flooder", url,
                                     "--key", free, "--seconds", str(seconds), "--concurrency", str(concurrency)],
                                    cwd=ROOT, stdout=subprocess.PIPE, text=True)
         time.sleep(2.0)
         cpu0, t0 = cpu_seconds(web), time.perf_counter()
-        flooded = _ttfts(url, premium, premium_n, 48)
+        flooded = ttfts(url, premium, MODEL, premium_n, 48, warmup=0)
         cpu, elapsed = cpu_seconds(web) - cpu0, time.perf_counter() - t0
         report = json.loads(flooder.communicate(timeout=seconds + 120)[0].strip().splitlines()[-1])
     finally:
