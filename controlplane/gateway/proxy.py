@@ -37,6 +37,7 @@ from . import accounting, admission, journal, outages, parsing, renewal, upstrea
 from .accounting import Meter
 from .prefix_routing import prefix_key, prompt_text
 from .responses import error_response, ratelimit_headers, refusal
+from .server_timing import ServerTiming
 from .sse import StreamMeter, usage_counts
 from .worker_usage import WorkerCounts
 from .workers import ModelTarget, Worker, get_registry, visible_to
@@ -209,7 +210,8 @@ async def reserve(principal: KeyPrincipal, parsed: parsing.ParsedRequest, target
 
 
 async def open_upstream(
-    raw: bytes, parsed: parsing.ParsedRequest, principal: KeyPrincipal, request_id: str, meter: Meter
+    raw: bytes, parsed: parsing.ParsedRequest, principal: KeyPrincipal, request_id: str, meter: Meter,
+    timing: ServerTiming | None = None,
 ) -> tuple[Worker, httpx.Response]:
     """Send to the best worker; on a connection failure before the first byte, try another. The usage
     journal learns the worker before the worker learns the request."""
@@ -239,6 +241,8 @@ async def open_upstream(
             break
         tried.add(worker.url)
         await _journal(meter, parsed, worker.url)
+        if timing is not None and not tried - {worker.url}:
+            timing.mark("journal")
         worker.outstanding += 1
         try:
             req = client.build_request("POST", worker.url + path, content=body, headers=headers)
@@ -281,17 +285,23 @@ async def handle(request: HttpRequest, kind: str, *, body: bytes | None = None,
     extra_headers: dict[str, str] = {}
     meter: Meter | None = None
     tier = ""
+    timing = ServerTiming(started)
     try:
         principal = principal or await authenticate(request)
         tier = principal.limits.tier
+        timing.mark("auth")
         parsed, target = await checked(principal, raw, kind)
+        timing.mark("checks")
         plan, period, decision = await reserve(principal, parsed, target, request_id, batch=bool(batch_id))
+        timing.mark("limits")
         extra_headers = ratelimit_headers(decision)
         meter = Meter(request_id, principal, target, plan, period, created_at, started, batch_id=batch_id,
                       batch_line=batch_line, embeddings=parsed.kind == "embeddings")
         renewal.hold(meter)  # renewed until it is finished, however long it runs
         meter.logs_content = content_log.request(principal, request_id, raw)
-        worker, response = await open_upstream(raw, parsed, principal, request_id, meter)
+        worker, response = await open_upstream(raw, parsed, principal, request_id, meter, timing)
+        timing.mark("upstream")
+        extra_headers["Server-Timing"] = timing.header(response.headers.get("server-timing"))
     except ApplicationError as exc:
         if meter is not None:
             meter.finish(status="error", http_status=exc.status)

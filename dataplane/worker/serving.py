@@ -137,7 +137,8 @@ class Serving:
         except BaseException:
             await gen.close()  # also when the work was cancelled before it began: aborted and accounted
             raise
-        return EventStream(gen.stream(first), gen.close)
+        timing = engine_timing(ctx.started, first[1] if first is not None else None, time.monotonic())
+        return EventStream(gen.stream(first), gen.close, headers={"Server-Timing": timing} if timing else None)
 
     async def _events(self, job: Job, ctx: RequestContext, priority: int, usage: RequestUsage
                       ) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -248,3 +249,15 @@ async def _merge(gens: list[AsyncIterator[RequestOutput]], usage: RequestUsage
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+
+
+def engine_timing(started: float, first: RequestOutput | None, now: float) -> str:
+    """A stream's `Server-Timing` at its first event, in milliseconds: accept (HTTP, tokenizing, the
+    template: until the engine took it), queue (until first scheduled), prefill (until its first token)
+    and send (until now, the headers' going out). Durations only: nothing of other requests."""
+    m = first.metrics if first is not None else None
+    if m is None or m.first_scheduled_time is None or m.first_token_time is None:
+        return ""
+    marks = (("accept", started, m.arrival_time), ("queue", m.arrival_time, m.first_scheduled_time),
+             ("prefill", m.first_scheduled_time, m.first_token_time), ("send", m.first_token_time, now))
+    return ", ".join(f"{name};dur={max(0.0, (b - a) * 1000):.1f}" for name, a, b in marks)

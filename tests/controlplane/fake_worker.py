@@ -51,6 +51,7 @@ class FakeWorker:
     tokens_per_event: int = 1  # tokens each stream event carries (a stop string holding text back sends several)
     linger_after_done: float = 0.0  # seconds between a stream's [DONE] and the end of its body
     answer_text: str | None = None  # a non-streamed answer's text instead of "t0 t1 ..." (a NUL, say)
+    server_timing: str | None = None  # a stream's Server-Timing header, as a worker sends it
 
     def release(self) -> None:
         if self.hold is not None:
@@ -63,6 +64,7 @@ class FakeWorker:
         self.tokens_per_event = 1
         self.linger_after_done = 0.0
         self.answer_text = None
+        self.server_timing = None
         self.release()
         self.hold = None
         self.received.clear()
@@ -162,7 +164,8 @@ class FakeWorker:
 
         listener = asyncio.create_task(listen())
         await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"text/event-stream"), (b"x-request-id", rid.encode())]})
+            (b"content-type", b"text/event-stream"), (b"x-request-id", rid.encode()),
+            *([(b"server-timing", self.server_timing.encode())] if self.server_timing is not None else [])]})
         base = {"id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": body["model"]}
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
