@@ -113,11 +113,23 @@ def environment(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def worker_threads(cores: int) -> int:
+    """The engine's threads when the whole stack shares this host: one core left to the rest.
+
+    With as many OpenMP threads as cores, any other runnable thread (the gateway answering a flood of
+    429s, the worker's own event loop, a client) lands on a core an OpenMP thread needs, and every
+    parallel region waits for it: under a free-tier flood on 2 cores the engine's decode step went
+    from 25 ms to over 1 s (benchmarks.flood). With one core left over it stayed at 35 ms, and one
+    thread costs the idle batch-1 step only ~20 % here."""
+    return max(1, cores - 1)
+
+
 def start_children(args: argparse.Namespace, env: dict[str, str], logs: Path) -> list[Child]:
     py, var = sys.executable, Path(env["TESSERA_VAR_DIR"])
     control_plane = f"http://{args.host}:{args.port}"
     worker_env = {**env, "TESSERA_CONTROL_PLANE_URL": control_plane, "TESSERA_WORKER_ID": WORKER_ID}
     worker_env.pop("DATABASE_URL", None)  # a data-plane worker talks to the control plane over HTTP only
+    worker_env.setdefault("TESSERA_WORKER_THREADS", str(worker_threads(os.cpu_count() or 1)))
     quiet = ["--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "warning"]
     specs = [
         ("web", [py, "-m", "uvicorn", "controlplane.asgi:application", "--host", args.host, "--port",

@@ -18,6 +18,7 @@ from dataplane.worker.app import create_app
 from dataplane.worker.config import load_config
 from dataplane.worker.http_server import GRACEFUL_SHUTDOWN_SECONDS, KEEP_ALIVE_SECONDS, WorkerServer
 from dataplane.worker.logs import setup_logging
+from dataplane.worker.server import apply_threads
 from dataplane.worker.state import WorkerState
 
 from .agent import Agent
@@ -41,6 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     setup_logging(config.log_level)
+    apply_threads(config)
     state = WorkerState(config)
     agent = Agent(settings, state)
     agent.install()
