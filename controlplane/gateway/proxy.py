@@ -188,6 +188,14 @@ async def reserve(principal: KeyPrincipal, parsed: parsing.ParsedRequest, target
     remembered = refusals.recall(plan)  # a tenant out of requests per minute: no limiter round trip
     if remembered is not None:
         raise refusal(remembered, principal.tenant_slug, plan.tokens)
+    async with refusals.one_at_a_time(principal.tenant_id):  # a flooding tenant: its requests in turn
+        return await _ask_limiter(principal, plan)
+
+
+async def _ask_limiter(principal: KeyPrincipal, plan: LimitPlan):
+    remembered = refusals.recall(plan)  # the one ahead in turn may have been refused meanwhile
+    if remembered is not None:
+        raise refusal(remembered, principal.tenant_slug, plan.tokens)
     limiter = get_limiter()
     period = period_start()
     asked_at = time.monotonic()

@@ -24,8 +24,11 @@ change takes effect at once.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 
 from .base import Decision, LimitPlan, TenantLimits, WindowState
@@ -45,11 +48,15 @@ class _Refusal:
 
 _memo: dict[int, _Refusal] = {}
 _lock = threading.Lock()
+RECENT_SECONDS = 5.0  # a tenant refused (and remembered) this recently asks the limiter one request at a time
+_refused_at: dict[int, float] = {}  # tenant -> monotonic time of its last remembered refusal
+_queues: dict[tuple[int, int], list] = {}  # (event loop, tenant) -> [asyncio.Lock, requests using it]
 
 
 def clear() -> None:
     with _lock:
         _memo.clear()
+        _refused_at.clear()
 
 
 def any_remembered() -> bool:
@@ -74,7 +81,38 @@ def remember(plan: LimitPlan, decision: Decision, asked_at: float) -> None:
     with _lock:
         if len(_memo) >= _MAX:
             _memo.clear()
+            _refused_at.clear()
         _memo[plan.tenant_id] = entry
+        _refused_at[plan.tenant_id] = asked_at
+
+
+@asynccontextmanager
+async def one_at_a_time(tenant_id: int) -> AsyncIterator[None]:
+    """Around a limiter call: a tenant with a refusal remembered in the last RECENT_SECONDS asks the
+    limiter one request at a time in this process, each after the one before has answered.
+
+    When its remembered refusal ends (a quarter second for a concurrency refusal, or a slot settling
+    here), every request of the flood in flight would otherwise go to the limiter at once: on make
+    run's SQLite that was a burst of write transactions, and of threads of the executor, that a paying
+    tenant's reservation and key lookup queued behind. In turn, the first asks; if it is refused again
+    the rest are answered from memory (the caller recalls after entering), and if a slot had freed it
+    takes it and the next one asks. Any other tenant passes straight through."""
+    refused = _refused_at.get(tenant_id)
+    if refused is None or time.monotonic() - refused > RECENT_SECONDS:
+        yield
+        return
+    key = (id(asyncio.get_running_loop()), tenant_id)
+    queue = _queues.get(key)
+    if queue is None:
+        queue = _queues[key] = [asyncio.Lock(), 0]
+    queue[1] += 1
+    try:
+        async with queue[0]:
+            yield
+    finally:
+        queue[1] -= 1
+        if queue[1] == 0 and _queues.get(key) is queue:
+            del _queues[key]
 
 
 def recall(plan: LimitPlan, now: float | None = None) -> Decision | None:

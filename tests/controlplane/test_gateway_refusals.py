@@ -154,3 +154,54 @@ async def test_a_flood_past_the_concurrency_limit_asks_the_limiter_once_and_a_se
     assert (await call(application, "/v1/chat/completions", [CHAT], headers=headers)).status == 200
     assert counted["reserves"] == 1
     refusals.clear()
+
+
+async def test_when_a_concurrency_refusal_ends_the_flood_asks_the_limiter_one_at_a_time(
+        request, gateway, tenant_key, workers, drain, monkeypatch):
+    """The herd at the end of a remembered refusal: 24 of the tenant's requests in flight when it expires.
+    Without taking turns each went to the limiter (on SQLite a write transaction each, a paying tenant's
+    reservation queued behind them); in turn, the first is refused again and the rest from memory. Another
+    tenant's reservations never wait in that line."""
+    gateway.TESSERA_AUTH_CACHE_SECONDS = 60.0
+    from controlplane.asgi import application
+    from tenants.limits import get_limiter
+
+    for worker in workers:
+        worker.token_delay = 0.4  # the admitted request holds its slot 1.6 s
+    _, secret = await tenant_key(requests_per_minute=10_000, max_concurrent_requests=1)
+    _, other = await tenant_key(requests_per_minute=10_000)
+    headers = {"authorization": f"Bearer {secret}"}
+    holder = asyncio.create_task(call(application, "/v1/chat/completions", [CHAT], headers=headers))
+    for _ in range(200):  # until the worker has it: its slot is taken
+        if any(w.received for w in workers):
+            break
+        await asyncio.sleep(0.01)
+    assert (await call(application, "/v1/chat/completions", [CHAT], headers=headers)).status == 429  # remembered
+    await asyncio.sleep(refusals.CONCURRENCY_MEMORY_SECONDS + 0.05)  # ... and expired, the slot still held
+    limiter = get_limiter()
+    reserve = limiter.reserve
+    in_flight = {"now": 0, "most": 0, "calls": 0}
+
+    async def slow_reserve(*args, **kwargs):  # a limiter round trip that takes a while, as under load
+        in_flight["now"] += 1
+        in_flight["calls"] += 1
+        in_flight["most"] = max(in_flight["most"], in_flight["now"])
+        try:
+            await asyncio.sleep(0.05)
+            return await reserve(*args, **kwargs)
+        finally:
+            in_flight["now"] -= 1
+
+    monkeypatch.setattr(limiter, "reserve", slow_reserve)
+    herd = await asyncio.gather(*(call(application, "/v1/chat/completions", [CHAT], headers=headers)
+                                  for _ in range(24)))
+    assert [r.status for r in herd] == [429] * 24
+    assert in_flight["calls"] == 1 and in_flight["most"] == 1  # one asked; 23 answered from its refusal
+    # Another tenant is not in that line: its requests reach the limiter side by side.
+    in_flight.update(calls=0, most=0)
+    others = await asyncio.gather(*(call(application, "/v1/chat/completions", [CHAT],
+                                         headers={"authorization": f"Bearer {other}"}) for _ in range(3)))
+    assert [r.status for r in others] == [200] * 3 and in_flight["most"] == 3
+    assert (await holder).status == 200
+    await drain()
+    refusals.clear()
