@@ -1,17 +1,21 @@
-"""A free-tier flood against `make run`'s real stack, and what it does to a premium tenant's TTFT.
+"""A free-tier flood against `make run`'s real stack, and what it does to a premium tenant.
 
-    python -m benchmarks.flood [--seconds 40] [--premium 20] [--waits active,passive]
+    python -m benchmarks.flood [--premium 20] [--premium-tokens 48] [--configs default:default,default:2]
+                               [--rate R]
 
-For each OpenMP wait policy asked for, the whole local stack (`python -m controlplane.localstack`: uvicorn
-gateway, Celery, the real SmolLM2-135M CPU worker, SQLite, the file-system broker) is started in a fresh
-state folder with OMP_WAIT_POLICY set for its processes, a premium and a free tenant are made with
-`manage.py tenant_create`, and then:
-- quiet: the premium tenant's streamed chat completions (`max_tokens` 48), one at a time, timed to the
-  first content event;
+For each configuration (libgomp's wait policy : the worker's torch threads; `default` leaves either to
+make run), the whole local stack (`python -m controlplane.localstack`: uvicorn gateway, Celery, the
+real SmolLM2-135M CPU worker, SQLite, the file-system broker) is started in a fresh state folder, a
+premium and a free tenant are made with `manage.py tenant_create`, and then:
+- quiet: the premium tenant's streamed chat completions, one at a time, timed to the first content
+  event (TTFT) and between content events (ms per token);
 - flooded: the same while the free tenant floods the gateway from its own process at `nice 10` (48
-  streamed chat completions in flight, each answered request sent again at once), as in the issue.
-Reported: premium TTFT p50/p95 quiet and flooded and their ratio (target ≤ 1.5×), the flood's answers by
-status (every refusal a 429 with Retry-After; no 5xx), and the gateway's CPU per flood answer.
+  streamed chat completions in flight, each answered one sent again at once; or, with --rate, that
+  many a second whatever the answers' speed), as in the issue. The flood lasts until the last
+  premium sample is taken, so every flooded sample is one.
+Reported: premium TTFT p50/p95 quiet and flooded and their ratio (target ≤ 1.5×), ms per token, the
+flood's answers by status (every refusal a 429 with Retry-After; no 5xx), the gateway's CPU per flood
+answer, and where the slowest tenth of the flooded premium requests waited (their Server-Timing).
 
 The CPU is recorded; compare only within one run. benchmarks.cpu_contention isolates the engine's part.
 """
@@ -40,36 +44,71 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
 
 
-async def _flood(url: str, key: str, concurrency: int, seconds: float) -> dict:
-    """The flooder's body (run in its own process): `concurrency` streamed requests in flight."""
+async def _flood(url: str, key: str, concurrency: int, seconds: float, rate: float = 0.0) -> dict:
+    """The flooder's body (run in its own process): `concurrency` streamed requests in flight, each
+    answered one sent again at once (closed loop); with `rate`, that many a second (open loop)."""
     statuses: Counter = Counter()
     missing_retry_after = 0
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a joke."}], "max_tokens": 16,
             "stream": True}
     end = time.monotonic() + seconds
+    stopped = asyncio.Event()  # SIGTERM: the premium measurement is over
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopped.set)
+    started = time.monotonic()
 
-    async def one(client: httpx.AsyncClient) -> None:
+    def going() -> bool:
+        return not stopped.is_set() and time.monotonic() < end
+
+    async def send(client: httpx.AsyncClient) -> None:
         nonlocal missing_retry_after
-        while time.monotonic() < end:
-            try:
-                async with client.stream("POST", f"{url}/v1/chat/completions", json=body,
-                                         headers={"Authorization": f"Bearer {key}"}) as r:
-                    async for _ in r.aiter_bytes():
-                        pass
-                    statuses[r.status_code] += 1
-                    if r.status_code == 429 and "retry-after" not in r.headers:
-                        missing_retry_after += 1
-            except httpx.HTTPError as exc:
-                statuses[type(exc).__name__] += 1
+        try:
+            async with client.stream("POST", f"{url}/v1/chat/completions", json=body,
+                                     headers={"Authorization": f"Bearer {key}"}) as r:
+                async for _ in r.aiter_bytes():
+                    pass
+                statuses[r.status_code] += 1
+                if r.status_code == 429 and "retry-after" not in r.headers:
+                    missing_retry_after += 1
+        except httpx.HTTPError as exc:
+            statuses[type(exc).__name__] += 1
+
+    async def closed_loop(client: httpx.AsyncClient) -> None:
+        while going():
+            await send(client)
+
+    async def open_loop(client: httpx.AsyncClient) -> None:
+        # A fixed arrival rate whatever the answers' speed, so that a cheaper refusal does not bring
+        # more load (a closed loop's rate grows as its answers get faster); at most `concurrency` in
+        # flight, an arrival beyond that is counted as not sent.
+        tasks: set[asyncio.Task] = set()
+        next_at = time.monotonic()
+        while going():
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            next_at += 1.0 / rate
+            if len(tasks) >= concurrency:
+                statuses["not_sent"] += 1
+                continue
+            task = asyncio.create_task(send(client))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        await asyncio.gather(*tasks)
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-        await asyncio.gather(*(one(client) for _ in range(concurrency)))
-    return {"statuses": dict(statuses), "seconds": seconds, "missing_retry_after": missing_retry_after}
+        if rate:
+            await open_loop(client)
+        else:
+            await asyncio.gather(*(closed_loop(client) for _ in range(concurrency)))
+    return {"statuses": dict(statuses), "seconds": time.monotonic() - started, "missing_retry_after": missing_retry_after}
 
 
-def _stack(var: Path, port: int, wait: str) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, "TESSERA_VAR_DIR": str(var), "OMP_WAIT_POLICY": wait.upper()}
+def _stack(var: Path, port: int, wait: str, threads: str) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "TESSERA_VAR_DIR": str(var)}
+    env.pop("OMP_WAIT_POLICY", None)
+    if wait != "default":  # libgomp's own: spin a while, then sleep
+        env["OMP_WAIT_POLICY"] = wait.upper()
+    if threads != "default":
+        env["TESSERA_WORKER_THREADS"] = threads
     proc = subprocess.Popen([sys.executable, "-m", "controlplane.localstack", "--port", str(port),
                              "--worker-port", str(port + 100)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -94,21 +133,29 @@ def _web_pid(var: Path) -> int:
     return int(out[0])
 
 
-def run_one(wait: str, port: int, seconds: float, premium_n: int, concurrency: int) -> dict:
+def run_one(wait: str, threads: str, port: int, seconds: float, premium_n: int, concurrency: int,
+            rate: float, tokens: int) -> dict:
     var = Path(tempfile.mkdtemp(prefix="tessera-flood-"))
-    proc, url = _stack(var, port, wait)
+    proc, url = _stack(var, port, wait, threads)
     try:
         premium, free = _tenant(var, "Premium Co", "premium"), _tenant(var, "Free Co", "free")
-        quiet = ttfts(url, premium, MODEL, premium_n, 48)  # after 3 unmeasured
+        quiet_itl: list[float] = []
+        quiet = ttfts(url, premium, MODEL, premium_n, tokens, itls=quiet_itl)  # after 3 unmeasured
         web = _web_pid(var)
         flooder = subprocess.Popen(["nice", "-n", "10", sys.executable, "-m", "benchmarks.flood", "--flooder", url,
-                                    "--key", free, "--seconds", str(seconds), "--concurrency", str(concurrency)],
+                                    "--key", free, "--seconds", str(seconds), "--concurrency", str(concurrency),
+                                    "--rate", str(rate)],
                                    cwd=ROOT, stdout=subprocess.PIPE, text=True)
         time.sleep(2.0)
         cpu0, t0 = cpu_seconds(web), time.perf_counter()
-        flooded = ttfts(url, premium, MODEL, premium_n, 48, warmup=0)
+        stages: list[dict[str, float]] = []
+        flooded_itl: list[float] = []
+        flooded = ttfts(url, premium, MODEL, premium_n, tokens, warmup=0, stages=stages, itls=flooded_itl)
         cpu, elapsed = cpu_seconds(web) - cpu0, time.perf_counter() - t0
-        report = json.loads(flooder.communicate(timeout=seconds + 120)[0].strip().splitlines()[-1])
+        if flooder.poll() is not None:  # every premium sample must have been taken under the flood
+            raise RuntimeError(f"the flood ended before the premium measurement did: raise --seconds ({seconds:g})")
+        flooder.send_signal(signal.SIGTERM)
+        report = json.loads(flooder.communicate(timeout=120)[0].strip().splitlines()[-1])
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         try:
@@ -119,42 +166,74 @@ def run_one(wait: str, port: int, seconds: float, premium_n: int, concurrency: i
     answered = sum(v for k, v in report["statuses"].items() if k.isdigit())
     rate = answered / report["seconds"]
     q95, f95 = percentile(quiet, 95), percentile(flooded, 95)
-    return {"wait": wait, "quiet_p50": percentile(quiet, 50), "quiet_p95": q95,
+    return {"wait": wait, "threads": threads, "quiet_p50": percentile(quiet, 50), "quiet_p95": q95,
             "flooded_p50": percentile(flooded, 50), "flooded_p95": f95, "p95_ratio": f95 / q95,
+            "quiet_itl_p50": percentile(quiet_itl, 50), "flooded_itl_p50": percentile(flooded_itl, 50),
+            "flooded_itl_p95": percentile(flooded_itl, 95),
             "flood": report, "flood_answers_per_s": rate,
-            "gateway_cpu_ms_per_flood_answer": cpu * 1e3 / max(rate * elapsed, 1)}
+            "gateway_cpu_ms_per_flood_answer": cpu * 1e3 / max(rate * elapsed, 1),
+            "slowest": slowest(flooded, stages)}
+
+
+def slowest(samples: list[float], stages: list[dict[str, float]]) -> dict[str, float]:
+    """Where the slowest tenth (two at least) of the flooded premium requests waited: the mean of each
+    stage of their Server-Timing (the gateway's, then the worker's `worker-*`, a breakdown of the
+    gateway's `upstream`), and the rest of the TTFT after the gateway's stages (the relay) as `relay`."""
+    worst = sorted(range(len(samples)), key=samples.__getitem__)[-max(2, len(samples) // 10):]
+    names = list(dict.fromkeys(name for i in worst for name in stages[i]))
+    means = {name: sum(stages[i].get(name, 0.0) for i in worst) / len(worst) for name in names}
+    means["ttft"] = sum(samples[i] for i in worst) / len(worst)
+    means["relay"] = means["ttft"] - sum(v for name, v in means.items() if name != "ttft" and not name.startswith("worker-"))
+    return means
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=40.0, help="the flood's length (premium requests end first)")
+    ap.add_argument("--seconds", type=float, default=600.0,
+                    help="the flood's longest; it stops when the premium measurement ends, which must be first")
     ap.add_argument("--premium", type=int, default=20, help="premium requests timed, quiet and flooded")
     ap.add_argument("--concurrency", type=int, default=48)
-    ap.add_argument("--waits", default="active,passive")
+    ap.add_argument("--premium-tokens", type=int, default=48, help="max_tokens of each premium request")
+    ap.add_argument("--configs", default="default:default",
+                    help="stacks to run, each OMP_WAIT_POLICY:worker threads (`default`: libgomp's own wait, or "
+                         "the worker's own thread count), e.g. default:default,passive:default,default:1")
+    ap.add_argument("--rate", type=float, default=0.0,
+                    help="flood requests a second, whatever the answers' speed (open loop); 0: closed loop")
     ap.add_argument("--port", type=int, default=8300)
     ap.add_argument("--flooder", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--key", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.flooder:
-        print(json.dumps(asyncio.run(_flood(args.flooder, args.key, args.concurrency, args.seconds))), flush=True)
+        print(json.dumps(asyncio.run(_flood(args.flooder, args.key, args.concurrency, args.seconds, args.rate))), flush=True)
         return
 
     from benchmarks.common import _cpu_name, write_results
 
-    rows = [run_one(w, args.port, args.seconds, args.premium, args.concurrency) for w in args.waits.split(",")]
+    configs = [c.split(":") for c in args.configs.split(",")]
+    rows = [run_one(w, t, args.port, args.seconds, args.premium, args.concurrency, args.rate, args.premium_tokens)
+            for w, t in configs]
     cpu, when = _cpu_name(), time.strftime("%Y-%m-%d %H:%M")
     lines = [f"# Free-tier flood vs premium TTFT through `make run` ({cpu}, {os.cpu_count()} cores, {when})", "",
              f"`python -m benchmarks.flood --seconds {args.seconds:g} --premium {args.premium} --concurrency "
-             f"{args.concurrency} --waits {args.waits}`: the real stack (SQLite, file-system broker, one SmolLM2 "
-             "CPU worker); premium streamed chat, max_tokens 48, one at a time; the flood from its own process "
-             f"at nice 10, {args.concurrency} streamed requests in flight.", "",
-             "| OMP_WAIT_POLICY | premium TTFT p50 / p95 quiet (ms) | flooded (ms) | **p95 ×** | flood answers/s | "
-             "flood statuses | gateway CPU ms per flood answer |", "|---|---:|---:|---:|---:|---|---:|"]
+             f"{args.concurrency} --premium-tokens {args.premium_tokens} --configs {args.configs} --rate {args.rate:g}`: the real stack (SQLite, file-system broker, one SmolLM2 "
+             f"CPU worker); premium streamed chat, max_tokens {args.premium_tokens}, one at a time; worker threads `default`: "
+             "make run's choice (cores − 1, controlplane/localstack.py); the flood from its own process "
+             f"at nice 10, " + (f"{args.rate:g} streamed requests a second (open loop, at most {args.concurrency} in "
+                                 "flight)" if args.rate else f"{args.concurrency} streamed requests in flight (closed loop)")
+             + ". The slowest tenth of the flooded premium requests: the mean of each gateway stage (their "
+             "Server-Timing: the gateway's stages, then the worker's, a breakdown of `upstream`) and of the rest of the "
+             "TTFT (the relay).", "",
+             "| OMP_WAIT_POLICY | worker threads | premium TTFT p50 / p95 quiet (ms) | flooded (ms) | **p95 ×** | "
+             "premium ms/token p50 quiet / flooded (p95) | flood answers/s | "
+             "flood statuses | gateway CPU ms per flood answer | slowest tenth: ms per stage |",
+             "|---|---|---:|---:|---:|---:|---:|---|---:|---|"]
     for r in rows:
-        lines.append(f"| {r['wait']} | {r['quiet_p50']:.0f} / {r['quiet_p95']:.0f} | {r['flooded_p50']:.0f} / "
-                     f"{r['flooded_p95']:.0f} | **{r['p95_ratio']:.2f}×** | {r['flood_answers_per_s']:.0f} | "
+        lines.append(f"| {r['wait']} | {r['threads']} | {r['quiet_p50']:.0f} / {r['quiet_p95']:.0f} | {r['flooded_p50']:.0f} / "
+                     f"{r['flooded_p95']:.0f} | **{r['p95_ratio']:.2f}×** | {r['quiet_itl_p50']:.0f} / {r['flooded_itl_p50']:.0f} "
+                     f"({r['flooded_itl_p95']:.0f}) | {r['flood_answers_per_s']:.0f} | "
                      f"{r['flood']['statuses']} (429s without Retry-After: {r['flood']['missing_retry_after']}) | "
-                     f"{r['gateway_cpu_ms_per_flood_answer']:.2f} |")
+                     f"{r['gateway_cpu_ms_per_flood_answer']:.2f} | "
+                     + ", ".join(f"{k} {v:.0f}" for k, v in r["slowest"].items()) + " |")
     write_results("flood", {"cpu": cpu, "cores": os.cpu_count(), "when": when, "rows": rows}, "\n".join(lines))
     print("\n".join(lines))
 

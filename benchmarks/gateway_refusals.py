@@ -25,6 +25,7 @@ import httpx
 import orjson
 
 from benchmarks.common import cpu_seconds, percentile
+from controlplane.gateway import server_timing
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOOD_ADDRESS = "127.0.0.2"  # the flood's own address: its traffic is told apart from the premium client's
@@ -46,26 +47,34 @@ async def refuse_all(scope, receive, send):
     await send({"type": "http.response.body", "body": b"{}" if status == 200 else _REFUSAL})
 
 
-def ttfts(url: str, key: str, model: str, n: int, max_tokens: int, warmup: int = 3) -> list[float]:
-    """Milliseconds to the first content event of `n` streamed chat completions, one at a time."""
+def ttfts(url: str, key: str, model: str, n: int, max_tokens: int, warmup: int = 3,
+          stages: list[dict[str, float]] | None = None, itls: list[float] | None = None) -> list[float]:
+    """Milliseconds to the first content event of `n` streamed chat completions, one at a time; with
+    `stages`, each measured request's Server-Timing stages are appended there too, and with `itls` its
+    mean milliseconds between content events after the first."""
     body = {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": max_tokens,
             "stream": True}
     samples = []
     with httpx.Client(timeout=30) as client:
         for i in range(n + warmup):
             t0 = time.perf_counter()
-            first = None
+            first, last, events = None, None, 0
             with client.stream("POST", f"{url}/v1/chat/completions", json=body,
                                headers={"Authorization": f"Bearer {key}"}) as r:
                 if r.status_code != 200:
                     raise RuntimeError(f"premium stream: {r.status_code} {r.read()[:200]!r}")
                 for line in r.iter_lines():
-                    if first is None and line.startswith("data: {") and '"content"' in line:
-                        first = (time.perf_counter() - t0) * 1000
+                    if line.startswith("data: {") and '"content"' in line:
+                        last, events = (time.perf_counter() - t0) * 1000, events + 1
+                        first = last if first is None else first
             if first is None:
                 raise RuntimeError("premium stream carried no content")
             if i >= warmup:
                 samples.append(first)
+                if stages is not None:
+                    stages.append(server_timing.parse(r.headers.get("server-timing")))
+                if itls is not None and events > 1:
+                    itls.append((last - first) / (events - 1))
     return samples
 
 
