@@ -8,25 +8,15 @@ import httpx
 import pytest
 
 from controlplane.gateway.server_timing import parse
-from dataplane.config import CacheConfig, ModelConfig
-from dataplane.engine.async_llm import AsyncLLM
 from dataplane.worker.app import WorkerState, create_app
 from dataplane.worker.config import WorkerConfig
 
+from .test_metering_model import MODEL, engine  # noqa: F401  (its module-scoped SmolLM2 engine)
+
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 
-MODEL = "smollm2-135m-instruct"
 
-
-@pytest.fixture(scope="module")
-def engine(smollm_fp32):
-    llm = AsyncLLM(ModelConfig(MODEL, dtype="float32"), CacheConfig(kv_cache_memory="32MiB"), progress=False,
-                   preloaded=smollm_fp32)
-    yield llm
-    llm.shutdown()
-
-
-async def test_a_stream_says_its_accept_queue_prefill_and_send(engine):
+async def test_a_stream_says_its_accept_queue_prefill_and_send(engine):  # noqa: F811
     state = WorkerState(WorkerConfig(model=MODEL), engine)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi. " * 40}], "max_tokens": 4,
             "stream": True}
