@@ -101,6 +101,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Writers take the lock at BEGIN, so the database limiter's read-modify-write never deadlocks
     # on a lock upgrade; several processes then queue on the file lock instead of failing.
     # WAL: readers (key lookups) never wait for the ledger writer, and the writer never waits for them.
+    # Our backend: a process's writer threads take turns on a lock, not in SQLite's sleeping busy handler.
+    DATABASES["default"]["ENGINE"] = "controlplane.db.sqlite3"
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"}
     )

@@ -36,7 +36,7 @@ elif _wanted != "sqlite" and (os.environ.get("TESSERA_REQUIRE_SERVICES") == "1" 
 else:
     DATABASES = {
         "default": {
-            "ENGINE": "django.db.backends.sqlite3",
+            "ENGINE": "controlplane.db.sqlite3",
             "NAME": str(VAR_DIR / "test.sqlite3"),
             "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"},
             "TEST": {"NAME": str(VAR_DIR / f"test_{os.getpid()}.sqlite3")},

@@ -1,0 +1,120 @@
+"""make run's SQLite: a process's writers take turns on a lock that wakes the next at once, instead of
+sqlite3's busy handler, which sleeps 1, 2, 5, ... 100 ms between tries (controlplane/db/sqlite3)."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import pytest
+from django.db import connections, transaction
+
+from controlplane.db.sqlite3 import base
+
+HOLD = 0.24  # s: the busy handler's tries fall at 228 and 328 ms, so it would come back ~90 ms late
+
+
+@pytest.fixture
+def alias(tmp_path, django_db_blocker):
+    """A file database of its own, on our backend: not the test database (PostgreSQL in CI)."""
+    django_db_blocker.unblock()
+    name = "writer_test"
+    connections.settings[name] = connections.configure_settings({"default": connections.settings["default"], name: {
+        "ENGINE": "controlplane.db.sqlite3", "NAME": str(tmp_path / "w.sqlite3"),
+        "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"},
+    }})[name]
+    with connections[name].cursor() as c:
+        c.execute("CREATE TABLE t (x INTEGER)")
+    yield name
+    connections[name].close()
+    del connections[name]
+    del connections.settings[name]
+    django_db_blocker.restore()
+
+
+def _in_thread(fn, *args):
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out["error"] = exc
+        finally:
+            connections.close_all()
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
+
+
+def _gap(alias: str) -> float:
+    """Seconds between one thread's commit and the next writer's BEGIN, that one having waited."""
+    inside = threading.Event()
+
+    def first():
+        with transaction.atomic(using=alias):
+            connections[alias].cursor().execute("INSERT INTO t VALUES (1)")
+            inside.set()
+            time.sleep(HOLD)
+        return time.perf_counter()
+
+    def second():
+        inside.wait()
+        with transaction.atomic(using=alias):
+            entered = time.perf_counter()
+            connections[alias].cursor().execute("INSERT INTO t VALUES (2)")
+        return entered
+
+    (a, out_a), (b, out_b) = _in_thread(first), _in_thread(second)
+    a.join(10)
+    b.join(10)
+    assert "error" not in out_a and "error" not in out_b, (out_a, out_b)
+    return out_b["value"] - out_a["value"]
+
+
+def test_the_next_writer_begins_as_soon_as_the_first_commits(alias):
+    gaps = [_gap(alias) for _ in range(3)]
+    assert statistics.median(gaps) < 0.04, gaps  # the busy handler alone: ~0.09 s each
+    assert not base._writer.locked()
+
+
+def test_a_rolled_back_or_closed_transaction_lets_the_next_writer_in(alias):
+    def fails():
+        with transaction.atomic(using=alias):
+            connections[alias].cursor().execute("INSERT INTO t VALUES (3)")
+            raise ValueError("rolled back")
+
+    t, out = _in_thread(fails)
+    t.join(10)
+    assert isinstance(out.get("error"), ValueError) and not base._writer.locked()
+
+    def left_open():  # the thread's connection is closed inside its transaction (close_all in _in_thread)
+        conn = connections[alias]
+        conn.set_autocommit(True)
+        conn._start_transaction_under_autocommit()
+        assert base._writer.locked()
+
+    t, out = _in_thread(left_open)
+    t.join(10)
+    assert "error" not in out, out
+    assert not base._writer.locked()
+
+
+def test_a_writer_that_cannot_get_the_lock_in_time_goes_ahead_to_sqlites_own_waiting(alias):
+    connections.settings[alias]["OPTIONS"]["timeout"] = 0.2
+    base._writer.acquire()  # a writer of this process that does not let go
+    try:
+        def write():
+            started = time.perf_counter()
+            with transaction.atomic(using=alias):
+                connections[alias].cursor().execute("INSERT INTO t VALUES (4)")
+            return time.perf_counter() - started
+
+        t, out = _in_thread(write)
+        t.join(10)
+        assert "error" not in out, out
+        assert 0.19 < out["value"] < 5  # waited its timeout for the lock, then wrote: never hangs
+    finally:
+        base._writer.release()
