@@ -18,10 +18,11 @@ from collections.abc import Sequence
 import uvicorn
 
 from dataplane.worker.app import create_app
-from dataplane.worker.config import WorkerConfig, load_config
+from dataplane.worker.config import load_config
 from dataplane.worker.http_server import GRACEFUL_SHUTDOWN_SECONDS, KEEP_ALIVE_SECONDS, WorkerServer
 from dataplane.worker.logs import setup_logging
 from dataplane.worker.state import WorkerState
+from dataplane.worker.threads import apply_threads
 
 log = logging.getLogger("tessera.worker")
 
@@ -47,14 +48,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     state.on_fatal = server.fatal
     server.run()
     return server.exit_code
-
-
-def apply_threads(config: WorkerConfig) -> None:
-    """The engine's torch intra-op threads, when set (managed or not: the agent calls this too)."""
-    if config.threads is not None:
-        import torch
-
-        torch.set_num_threads(config.threads)
 
 
 def _is_loopback(host: str) -> bool:

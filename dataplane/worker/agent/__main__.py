@@ -18,8 +18,8 @@ from dataplane.worker.app import create_app
 from dataplane.worker.config import load_config
 from dataplane.worker.http_server import GRACEFUL_SHUTDOWN_SECONDS, KEEP_ALIVE_SECONDS, WorkerServer
 from dataplane.worker.logs import setup_logging
-from dataplane.worker.server import apply_threads
 from dataplane.worker.state import WorkerState
+from dataplane.worker.threads import apply_threads
 
 from .agent import Agent
 from .settings import AgentSettings
