@@ -45,20 +45,18 @@ class DatabaseWrapper(base.DatabaseWrapper):
             self._holds_writer = False
             _writer.release()
 
-    def _commit(self) -> None:
+    def _ending(self, end) -> None:  # noqa: ANN001
+        """COMMIT, ROLLBACK or close: the transaction is over, whatever it raised."""
         try:
-            super()._commit()
+            end()
         finally:
             self._release_writer()
+
+    def _commit(self) -> None:
+        self._ending(super()._commit)
 
     def _rollback(self) -> None:
-        try:
-            super()._rollback()
-        finally:
-            self._release_writer()
+        self._ending(super()._rollback)
 
     def _close(self) -> None:
-        try:
-            super()._close()
-        finally:
-            self._release_writer()
+        self._ending(super()._close)
