@@ -250,7 +250,6 @@ async def _merge(gens: list[AsyncIterator[RequestOutput]], usage: RequestUsage
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-
 def engine_timing(started: float, first: RequestOutput | None, now: float) -> str:
     """A stream's `Server-Timing` at its first event, in milliseconds: accept (HTTP, tokenizing, the
     template: until the engine took it), queue (until first scheduled), prefill (until its first token)
