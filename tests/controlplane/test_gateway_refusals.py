@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 from django.db.backends.utils import CursorWrapper
@@ -204,4 +205,36 @@ async def test_when_a_concurrency_refusal_ends_the_flood_asks_the_limiter_one_at
     assert [r.status for r in others] == [200] * 3 and in_flight["most"] == 3
     assert (await holder).status == 200
     await drain()
+    refusals.clear()
+
+
+async def test_a_request_that_leaves_while_waiting_its_turn_frees_the_line():
+    """A client that disconnects while its request waits behind the one asking the limiter: the line
+    goes on without it and is forgotten once empty. A tenant not refused lately never makes one."""
+    refusals.clear()
+    async with refusals.one_at_a_time(7):
+        pass
+    assert not refusals._queues  # never refused: no line at all
+    refusals.remember(_plan(), _refused("concurrency", 1.0), asked_at=time.monotonic())
+    asking, release = asyncio.Event(), asyncio.Event()
+
+    async def ahead():
+        async with refusals.one_at_a_time(7):
+            asking.set()
+            await release.wait()
+
+    first = asyncio.create_task(ahead())
+    await asking.wait()
+    waiting = asyncio.create_task(refusals.one_at_a_time(7).__aenter__())
+    await asyncio.sleep(0.01)
+    assert not waiting.done()  # in line behind the first
+    waiting.cancel()  # its client left
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    release.set()
+    await first
+    assert not refusals._queues  # nobody left in line: forgotten
+    async with asyncio.timeout(1):  # and the next one is not held by the one that left
+        async with refusals.one_at_a_time(7):
+            pass
     refusals.clear()
