@@ -16,10 +16,16 @@ tenant per quarter second instead of one per request (on `make run`'s SQLite lim
 transaction that premium admissions queued behind; benchmarks.flood), and a slot freed by another
 process is seen at most that late. Its Retry-After stays the limiter's.
 
-Token and budget refusals are not remembered (a settle refunds tokens; budgets are priced). A request
-too large for the tokens window still goes to the limiter, which answers `too_large` first, as it
-always has. The memory is keyed by tenant and checked against the tenant's current limits, so a tier
-change takes effect at once.
+Tokens-per-minute and hard-budget refusals (tokens, token_budget, spend_budget) are remembered the
+same brief way: they too end early only through a settle (which refunds what a request did not use),
+seen at once here and at most a quarter second late from elsewhere. They depend on the request's
+size, so the memory refuses only a request at least as large as the refused one (tokens, and spend
+where priced); a smaller one asks the limiter. Their Retry-After is moved on: the tokens bucket's
+refill projected to the request's size, the month's end nearer by the time since.
+
+A request too large for the tokens window still goes to the limiter, which answers `too_large`
+first, as it always has. The memory is keyed by tenant and checked against the tenant's current
+limits, so a tier change takes effect at once.
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ from .base import Decision, LimitPlan, TenantLimits, WindowState
 
 _MAX = 100_000  # tenants remembered before the memory is emptied
 CONCURRENCY_MEMORY_SECONDS = 0.25
-_REMEMBERED = ("requests", "concurrency")
+_REMEMBERED = ("requests", "concurrency", "tokens", "token_budget", "spend_budget")
+_SIZED = ("tokens", "token_budget", "spend_budget")  # refused for this size: a smaller request may fit
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +51,8 @@ class _Refusal:
     decision: Decision
     asked_at: float  # monotonic time the limiter was asked: its clock read at or after this
     until: float
+    tokens: int  # the refused request's size: a sized refusal holds for requests at least this large
+    spend_nano: int
 
 
 _memo: dict[int, _Refusal] = {}
@@ -69,15 +78,16 @@ def remembers(tenant_id: int) -> bool:
 
 
 def remember(plan: LimitPlan, decision: Decision, asked_at: float) -> None:
-    """Keep a requests-per-minute or concurrency refusal the limiter gave for `plan`, asked at monotonic `asked_at`."""
+    """Keep a refusal the limiter gave for `plan` (one of _REMEMBERED), asked at monotonic `asked_at`."""
     if decision.allowed or decision.reason not in _REMEMBERED or decision.retry_after <= 0:
         return
     # The bucket reaches one request at the limiter's time of asking + retry_after, which is no earlier
     # than asked_at + retry_after: remembering until then never refuses what the limiter would admit.
-    # A slot may free any time: held briefly, and forgotten at once when one frees here.
+    # A slot may free, or a settle refund tokens, any time: held briefly, and forgotten at once when a
+    # request of the tenant settles here.
     held = decision.retry_after if decision.reason == "requests" else min(decision.retry_after,
                                                                             CONCURRENCY_MEMORY_SECONDS)
-    entry = _Refusal(plan.limits, decision, asked_at, asked_at + held)
+    entry = _Refusal(plan.limits, decision, asked_at, asked_at + held, plan.tokens, plan.spend_nano)
     with _lock:
         if len(_memo) >= _MAX:
             _memo.clear()
@@ -127,17 +137,29 @@ def recall(plan: LimitPlan, now: float | None = None) -> Decision | None:
     tpm = plan.limits.tokens_per_minute
     if tpm is not None and plan.tokens > tpm:
         return None  # the limiter's answer is `too_large`, which it checks before the request count
-    elapsed = now - entry.asked_at
     d = entry.decision
-    retry_after = entry.until - now if d.reason == "requests" else d.retry_after
-    return replace(d, retry_after=retry_after, requests=_later(d.requests, elapsed),
-                   tokens=_later(d.tokens, elapsed))
+    if d.reason in _SIZED and (plan.tokens < entry.tokens or plan.spend_nano < entry.spend_nano):
+        return None  # a smaller request than the refused one may fit: the limiter decides
+    elapsed = now - entry.asked_at
+    tokens = _later(d.tokens, elapsed)
+    if d.reason == "requests":
+        retry_after = entry.until - now
+    elif d.reason == "tokens" and tokens is not None and tpm:
+        if tokens.remaining >= plan.tokens:
+            return None  # refilled enough meanwhile: the limiter decides
+        retry_after = (plan.tokens - tokens.remaining) * 60 / tpm  # the bucket's refill to this size
+    elif d.reason in _SIZED:
+        retry_after = max(0.0, d.retry_after - elapsed)  # the month's end, nearer
+    else:
+        retry_after = d.retry_after
+    return replace(d, retry_after=retry_after, requests=_later(d.requests, elapsed), tokens=tokens)
 
 
 def slot_freed(tenant_id: int) -> None:
-    """A request of this tenant settled here: a concurrency refusal no longer holds (a requests one does)."""
+    """A request of this tenant settled here: its slot is free and what it did not use is refunded, so a
+    concurrency, tokens or budget refusal no longer holds (a requests one does: a settle gives no request back)."""
     entry = _memo.get(tenant_id)
-    if entry is not None and entry.decision.reason == "concurrency":
+    if entry is not None and entry.decision.reason != "requests":
         with _lock:
             if _memo.get(tenant_id) is entry:
                 del _memo[tenant_id]

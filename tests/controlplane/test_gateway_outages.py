@@ -195,7 +195,7 @@ def test_a_redis_restart_without_persistence_keeps_a_hard_token_budget(blinking_
     started again at 0 and a tenant whose hard budget was spent was served again. Now it is seeded from
     the ledger (and the journal's in-flight reservations): refused as before the restart."""
     from billing.models import UsageRecord
-    from tenants.limits import get_limiter, period_start
+    from tenants.limits import get_limiter, period_start, refusals
 
     gateway.TESSERA_USAGE_SINK = "billing.services.usage_record_ingest"  # the real ledger: the seed reads it
     tenant, secret = tenant_key.sync(monthly_token_budget=400, budget_enforcement="hard")
@@ -216,6 +216,7 @@ def test_a_redis_restart_without_persistence_keeps_a_hard_token_budget(blinking_
 
     blinking_redis.stop()
     blinking_redis.start()  # empty: no counter for this month any more
+    time.sleep(refusals.CONCURRENCY_MEMORY_SECONDS)  # the refusal remembered before the restart has ended
     after = [call() for _ in range(6)]
     # The first call may meet a pooled connection the restart broke: a 503, which the client retries.
     after = after[1:] if after[0].status_code == 503 else after

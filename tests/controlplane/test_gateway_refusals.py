@@ -83,6 +83,36 @@ async def test_a_refused_tenant_costs_no_query_no_limiter_call_and_no_worker(bac
     assert (unknown.status, unknown.json()["error"]["code"]) == (404, "model_not_found")
 
 
+@pytest.mark.parametrize("backend", ["database", pytest.param("redis", marks=pytest.mark.redis)])
+async def test_a_tenant_past_its_hard_token_budget_is_refused_from_memory_unless_a_smaller_request_may_fit(
+        backend, request, gateway, tenant_key, workers, drain):
+    """Every refusal reason as cheap as the requests-per-minute one: a flood past a hard monthly token
+    budget asks the limiter once, then is refused from memory (no query, no limiter call, no worker)
+    for requests at least as large; a smaller one is asked, since it may fit."""
+    if backend == "redis":
+        request.getfixturevalue("use_redis_limiter")
+    gateway.TESSERA_AUTH_CACHE_SECONDS = 60.0
+    from controlplane.asgi import application
+
+    _, secret = await tenant_key(requests_per_minute=10_000, monthly_token_budget=40, budget_enforcement="hard")
+    headers = {"authorization": f"Bearer {secret}"}
+    first = await call(application, "/v1/chat/completions", [CHAT], headers=headers)  # the limiter refuses
+    assert first.status == 429 and first.json()["error"]["code"] == "insufficient_quota", first.json()
+    counted = request.getfixturevalue("counted")
+    again = [await call(application, "/v1/chat/completions", [CHAT], headers=headers) for _ in range(5)]
+    assert [r.status for r in again] == [429] * 5
+    assert counted == {"queries": 0, "reserves": 0}
+    assert not any(w.received for w in workers)
+    for reply in again:
+        assert reply.json()["error"] == {**first.json()["error"], "message": reply.json()["error"]["message"]}
+        assert 1 <= int(reply.headers["retry-after"]) <= int(first.headers["retry-after"])
+    smaller = CHAT.replace(b'"max_tokens": 4', b'"max_tokens": 1')
+    assert (await call(application, "/v1/chat/completions", [smaller], headers=headers)).status in (200, 429)
+    assert counted["reserves"] == 1  # a smaller request may fit: asked
+    await drain()
+    refusals.clear()
+
+
 def _plan(tokens: int = 10, **limits) -> LimitPlan:
     from tenants.limits import TenantLimits
 
@@ -96,12 +126,11 @@ def _refused(reason: str = "requests", retry: float = 20.0) -> Decision:
     return Decision(False, reason, retry, WindowState(2, 0, 50.0), WindowState(1000, 400, 36.0))
 
 
-def test_only_requests_and_concurrency_refusals_are_remembered_and_requests_until_the_bucket_refills():
+def test_a_requests_refusal_is_remembered_until_the_bucket_refills():
     refusals.clear()
     plan = _plan()
-    for reason in ("tokens", "token_budget", "spend_budget", "too_large"):
-        refusals.remember(plan, _refused(reason), asked_at=100.0)
-        assert refusals.recall(plan, now=100.1) is None
+    refusals.remember(plan, _refused("too_large", 60.0), asked_at=100.0)
+    assert refusals.recall(plan, now=100.1) is None  # never remembered: the limiter says it from the limits
     refusals.remember(plan, _refused(), asked_at=100.0)
     later = refusals.recall(plan, now=106.0)
     assert later.reason == "requests" and later.retry_after == pytest.approx(14.0)
@@ -111,6 +140,30 @@ def test_only_requests_and_concurrency_refusals_are_remembered_and_requests_unti
     assert refusals.recall(_plan(requests_per_minute=60), now=106.0) is None  # limits changed: ask again
     refusals.remember(plan, _refused(), asked_at=100.0)
     assert refusals.recall(plan, now=120.0) is None  # the bucket holds a request again
+    refusals.clear()
+
+
+def test_tokens_and_budget_refusals_hold_briefly_for_requests_at_least_as_large():
+    refusals.clear()
+    big = _plan(tokens=700)
+    refusals.remember(big, Decision(False, "tokens", 18.0, WindowState(2, 1, 30.0), WindowState(1000, 400, 36.0)),
+                      asked_at=100.0)
+    held = refusals.recall(_plan(tokens=800), now=100.12)
+    assert held.reason == "tokens" and held.tokens.remaining == 402  # 400 + 0.12 s × 1000/60
+    assert held.retry_after == pytest.approx((800 - 402) * 60 / 1000)  # the refill to this request's size
+    assert refusals.recall(_plan(tokens=500), now=100.1) is None  # smaller: it may fit, the limiter decides
+    assert refusals.recall(big, now=100.0 + refusals.CONCURRENCY_MEMORY_SECONDS) is None  # a settle elsewhere may refund
+    refusals.remember(big, Decision(False, "tokens", 0.12, None, WindowState(1000, 698, 1.0)), asked_at=100.0)
+    assert refusals.recall(big, now=100.2) is None  # refilled to its size meanwhile
+    for reason in ("token_budget", "spend_budget"):
+        priced = LimitPlan(7, "req_x", big.limits, 700, 5_000)
+        refusals.remember(priced, _refused(reason, retry=86_400.0), asked_at=100.0)
+        later = refusals.recall(LimitPlan(7, "req_y", big.limits, 700, 5_000), now=100.2)
+        assert later.reason == reason and later.retry_after == pytest.approx(86_399.8)  # the month's end, nearer
+        assert refusals.recall(LimitPlan(7, "req_y", big.limits, 700, 4_000), now=100.1) is None  # cheaper
+        assert refusals.recall(LimitPlan(7, "req_y", big.limits, 600, 5_000), now=100.1) is None  # fewer tokens
+        refusals.slot_freed(7)  # a request of the tenant settled here: what it did not use is refunded
+        assert refusals.recall(priced, now=100.1) is None
     refusals.clear()
 
 
