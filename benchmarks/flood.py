@@ -44,10 +44,21 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
 
 
+_REASONS = (("Too many concurrent", "concurrency"), ("Rate limit reached for requests", "requests"),
+            ("Rate limit reached for tokens", "tokens"), ("Request too large", "too_large"))
+
+
+def _reason(error: dict) -> str:
+    """What refused a 429 (controlplane/gateway/responses.refusal's wording), else its error code."""
+    message = error.get("message", "")
+    return next((name for prefix, name in _REASONS if message.startswith(prefix)), error.get("code") or "?")
+
+
 async def _flood(url: str, key: str, concurrency: int, seconds: float, rate: float = 0.0) -> dict:
     """The flooder's body (run in its own process): `concurrency` streamed requests in flight, each
     answered one sent again at once (closed loop); with `rate`, that many a second (open loop)."""
     statuses: Counter = Counter()
+    reasons: Counter = Counter()  # the 429s by what refused them
     missing_retry_after = 0
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a joke."}], "max_tokens": 16,
             "stream": True}
@@ -64,11 +75,14 @@ async def _flood(url: str, key: str, concurrency: int, seconds: float, rate: flo
         try:
             async with client.stream("POST", f"{url}/v1/chat/completions", json=body,
                                      headers={"Authorization": f"Bearer {key}"}) as r:
-                async for _ in r.aiter_bytes():
-                    pass
+                data = b"".join([chunk async for chunk in r.aiter_bytes()]) if r.status_code != 200 else b""
+                if r.status_code == 200:
+                    async for _ in r.aiter_bytes():
+                        pass
                 statuses[r.status_code] += 1
-                if r.status_code == 429 and "retry-after" not in r.headers:
-                    missing_retry_after += 1
+                if r.status_code == 429:
+                    missing_retry_after += "retry-after" not in r.headers
+                    reasons[_reason(json.loads(data).get("error", {}))] += 1
         except httpx.HTTPError as exc:
             statuses[type(exc).__name__] += 1
 
@@ -99,7 +113,8 @@ async def _flood(url: str, key: str, concurrency: int, seconds: float, rate: flo
             await open_loop(client)
         else:
             await asyncio.gather(*(closed_loop(client) for _ in range(concurrency)))
-    return {"statuses": dict(statuses), "seconds": time.monotonic() - started, "missing_retry_after": missing_retry_after}
+    return {"statuses": dict(statuses), "refusals": dict(reasons), "seconds": time.monotonic() - started,
+            "missing_retry_after": missing_retry_after}
 
 
 def _stack(var: Path, port: int, wait: str, threads: str) -> tuple[subprocess.Popen, str]:
@@ -140,7 +155,8 @@ def run_one(wait: str, threads: str, port: int, seconds: float, premium_n: int, 
     try:
         premium, free = _tenant(var, "Premium Co", "premium"), _tenant(var, "Free Co", "free")
         quiet_itl: list[float] = []
-        quiet = ttfts(url, premium, MODEL, premium_n, tokens, itls=quiet_itl)  # after 3 unmeasured
+        quiet_stages: list[dict[str, float]] = []
+        quiet = ttfts(url, premium, MODEL, premium_n, tokens, stages=quiet_stages, itls=quiet_itl)  # after 3 unmeasured
         web = _web_pid(var)
         flooder = subprocess.Popen(["nice", "-n", "10", sys.executable, "-m", "benchmarks.flood", "--flooder", url,
                                     "--key", free, "--seconds", str(seconds), "--concurrency", str(concurrency),
@@ -166,17 +182,23 @@ def run_one(wait: str, threads: str, port: int, seconds: float, premium_n: int, 
     answered = sum(v for k, v in report["statuses"].items() if k.isdigit())
     rate = answered / report["seconds"]
     q95, f95 = percentile(quiet, 95), percentile(flooded, 95)
+    # The flooded samples whose request found the engine idle (scheduled within a millisecond): what the
+    # flood's refusals cost on the gateway's path, apart from sharing the engine with the free tier's
+    # admitted requests (a step in flight when the premium one arrives: `worker-queue`).
+    idle = [t for t, st in zip(flooded, stages, strict=True) if st.get("worker-queue", 0.0) < 1.0]
     return {"wait": wait, "threads": threads, "quiet_p50": percentile(quiet, 50), "quiet_p95": q95,
             "flooded_p50": percentile(flooded, 50), "flooded_p95": f95, "p95_ratio": f95 / q95,
             "quiet_itl_p50": percentile(quiet_itl, 50), "flooded_itl_p50": percentile(flooded_itl, 50),
             "flooded_itl_p95": percentile(flooded_itl, 95),
+            "idle_n": len(idle), "idle_p95": percentile(idle, 95) if idle else None,
+            "idle_ratio": percentile(idle, 95) / q95 if idle else None,
             "flood": report, "flood_answers_per_s": rate,
             "gateway_cpu_ms_per_flood_answer": cpu * 1e3 / max(rate * elapsed, 1),
-            "slowest": slowest(flooded, stages)}
+            "slowest": slowest(flooded, stages), "quiet_slowest": slowest(quiet, quiet_stages)}
 
 
 def slowest(samples: list[float], stages: list[dict[str, float]]) -> dict[str, float]:
-    """Where the slowest tenth (two at least) of the flooded premium requests waited: the mean of each
+    """Where the slowest tenth (two at least) of the premium requests waited: the mean of each
     stage of their Server-Timing (the gateway's, then the worker's `worker-*`, a breakdown of the
     gateway's `upstream`), and the rest of the TTFT after the gateway's stages (the relay) as `relay`."""
     worst = sorted(range(len(samples)), key=samples.__getitem__)[-max(2, len(samples) // 10):]
@@ -220,20 +242,27 @@ def main() -> None:
              "make run's choice (cores − 1, controlplane/localstack.py); the flood from its own process "
              f"at nice 10, " + (f"{args.rate:g} streamed requests a second (open loop, at most {args.concurrency} in "
                                  "flight)" if args.rate else f"{args.concurrency} streamed requests in flight (closed loop)")
-             + ". The slowest tenth of the flooded premium requests: the mean of each gateway stage (their "
+             + ". The slowest tenth of the premium requests, quiet and flooded: the mean of each gateway stage (their "
              "Server-Timing: the gateway's stages, then the worker's, a breakdown of `upstream`) and of the rest of the "
-             "TTFT (the relay).", "",
+             "TTFT (the relay). Engine idle at arrival: the flooded premium requests the engine scheduled within 1 ms "
+             "(no step in flight), their p95 against quiet: what the flood costs on the gateway's path, apart from "
+             "sharing the engine with the free tier's admitted requests.", "",
              "| OMP_WAIT_POLICY | worker threads | premium TTFT p50 / p95 quiet (ms) | flooded (ms) | **p95 ×** | "
+             "flooded, engine idle at arrival: n, p95 (ms, ×) | "
              "premium ms/token p50 quiet / flooded (p95) | flood answers/s | "
-             "flood statuses | gateway CPU ms per flood answer | slowest tenth: ms per stage |",
-             "|---|---|---:|---:|---:|---:|---:|---|---:|---|"]
+             "flood statuses (429s by reason) | gateway CPU ms per flood answer | slowest tenth: ms per stage, quiet → flooded |",
+             "|---|---|---:|---:|---:|---|---:|---:|---|---:|---|"]
     for r in rows:
         lines.append(f"| {r['wait']} | {r['threads']} | {r['quiet_p50']:.0f} / {r['quiet_p95']:.0f} | {r['flooded_p50']:.0f} / "
-                     f"{r['flooded_p95']:.0f} | **{r['p95_ratio']:.2f}×** | {r['quiet_itl_p50']:.0f} / {r['flooded_itl_p50']:.0f} "
+                     f"{r['flooded_p95']:.0f} | **{r['p95_ratio']:.2f}×** | "
+                     + (f"{r['idle_n']}, {r['idle_p95']:.0f} ({r['idle_ratio']:.2f}×)" if r["idle_n"] else "0") + " | "
+                     f"{r['quiet_itl_p50']:.0f} / {r['flooded_itl_p50']:.0f} "
                      f"({r['flooded_itl_p95']:.0f}) | {r['flood_answers_per_s']:.0f} | "
-                     f"{r['flood']['statuses']} (429s without Retry-After: {r['flood']['missing_retry_after']}) | "
+                     f"{r['flood']['statuses']} ({r['flood'].get('refusals', {})}; without Retry-After: "
+                     f"{r['flood']['missing_retry_after']}) | "
                      f"{r['gateway_cpu_ms_per_flood_answer']:.2f} | "
-                     + ", ".join(f"{k} {v:.0f}" for k, v in r["slowest"].items()) + " |")
+                     + ", ".join(f"{k} {r['quiet_slowest'].get(k, 0):.0f} → {v:.0f}" for k, v in r["slowest"].items())
+                     + " |")
     write_results("flood", {"cpu": cpu, "cores": os.cpu_count(), "when": when, "rows": rows}, "\n".join(lines))
     print("\n".join(lines))
 
