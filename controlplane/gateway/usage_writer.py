@@ -9,9 +9,12 @@ fighting over the database (with SQLite they would spin on its file lock).
 Usage events: the sink (billing's `usage_record_ingest`) is idempotent on the request id and uses
 a savepoint, so a batch that fails is retried event by event, with backoff: a retry can never bill
 twice. The requests' journal rows are deleted in the same transaction as their ledger rows.
-Journal rows (`admit`) are latency-sensitive: a request waits for its row before it is sent. In a
-batch that fails they are written alone, first, and each one that still fails fails its request
-(a 503 at the gateway) at once, before any event is retried.
+Journal rows (`admit`) are latency-sensitive: a request waits for its row before it is sent. So a
+batch's rows are committed first, in a transaction of their own, and their requests released before
+the batch's events are written (a row never waits for up to BATCH ledger writes; under
+benchmarks.flood a premium request's `journal` stage was that wait). In a batch that fails they are
+written alone, and each one that still fails fails its request (a 503 at the gateway) at once,
+before any event is retried.
 
 While the database does not answer (PostgreSQL stopped, failing over, unreachable), a batch goes to
 the process's local spool (spool.py) instead, fsync'd before anything waiting on it is released, so
@@ -161,6 +164,18 @@ class UsageWriter:
     def _write(self, batch: list) -> None:
         if self.spool.pending:
             self._to_spool(batch, None)  # in order: nothing overtakes what is spooled
+            return
+        rest = [entry for entry in batch if entry[0] != ADMISSION]
+        if rest and len(rest) < len(batch):
+            # The journal rows first, in a transaction of their own, and their requests released at
+            # once: a request waits for its row, not for the ledger writes of whatever finished at the
+            # same time (up to BATCH events, each a sink call). Their order is kept: a row commits (or
+            # is spooled) before anything after it, and a row's moves and marks come later anyway.
+            admitted = [entry for entry in batch if entry[0] == ADMISSION]
+            self._write(admitted)
+            for entry in admitted:
+                _settle(entry, None)  # a no-op for a row that failed: its request already has its error
+            self._write(rest)
             return
         admissions = [entry for entry in batch if entry[0] == ADMISSION]
         marks = [entry for entry in batch if entry[0] in (MARK, MOVE)]
