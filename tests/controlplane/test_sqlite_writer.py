@@ -11,6 +11,7 @@ import pytest
 from django.db import connections, transaction
 
 from controlplane.db.sqlite3 import base
+from tests.db_threads import in_thread as _in_thread
 
 HOLD = 0.24  # s: the busy handler's tries fall at 228 and 328 ms, so it would come back ~90 ms late
 
@@ -31,22 +32,6 @@ def alias(tmp_path, django_db_blocker):
     del connections[name]
     del connections.settings[name]
     django_db_blocker.restore()
-
-
-def _in_thread(fn, *args):
-    out: dict = {}
-
-    def run():
-        try:
-            out["value"] = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            out["error"] = exc
-        finally:
-            connections.close_all()
-
-    t = threading.Thread(target=run)
-    t.start()
-    return t, out
 
 
 def _gap(alias: str) -> float:

@@ -11,11 +11,12 @@ from dataclasses import replace
 from decimal import Decimal
 
 import pytest
-from django.db import connections, transaction
+from django.db import transaction
 
 from tenants.limits import BudgetSeed, LimitPlan, Settlement, period_start
 from tenants.limits import database as db_limiter
 from tenants.selectors import TenantLimits
+from tests.db_threads import in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,22 +40,6 @@ def plan(tenant_id: int, limits: TenantLimits, tokens: int = 10, spend_nano: int
 
 def reserve(p: LimitPlan):
     return db_limiter._reserve(p, BudgetSeed())
-
-
-def in_thread(fn, *args):
-    out: dict = {}
-
-    def run():
-        try:
-            out["value"] = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            out["error"] = exc
-        finally:
-            connections.close_all()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, out
 
 
 # Each case: limits, the plan's tokens and spend, and how many admissions exhaust it first.
