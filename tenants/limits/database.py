@@ -85,7 +85,7 @@ def _slots_full(plan: LimitPlan, wall: dt.datetime) -> bool:
     return conc is not None and Reservation.objects.filter(tenant_id=plan.tenant_id, expires_at__gt=wall).count() >= conc
 
 
-def _budget_refusal(plan: LimitPlan, budget: BudgetPeriod, wall: dt.datetime) -> tuple[str | None, bool]:
+def _budget_refusal(plan: LimitPlan, budget: BudgetPeriod) -> tuple[str | None, bool]:
     """(the budget refusal's reason or None, whether a soft budget is overrun)."""
     lim = plan.limits
     soft = False
@@ -105,9 +105,9 @@ def _peek(plan: LimitPlan) -> Decision | None:
     transaction on SQLite, no row lock on PostgreSQL); None when the request looks admissible, or the
     tenant has no state or month counter yet: then the lock decides, checking everything again.
 
-    Why: a flooding tenant's requests that the process memory cannot answer (a concurrency refusal
-    after its quarter second, a tokens or budget refusal, which are never remembered) each took the
-    write lock just to refuse, and on `make run`'s SQLite a paying tenant's reservation queued behind
+    Why: a flooding tenant's requests that the process memory cannot answer (a concurrency, tokens or
+    budget refusal once its quarter second in memory is over, a too_large one) each took the write
+    lock just to refuse, and on `make run`'s SQLite a paying tenant's reservation queued behind
     them (benchmarks.flood: most of the reservation's lock wait was other reservations). Refusing on a
     read is sound: every refusal is of something exhausted when it was read, and a limit only loosens
     through a settle or a refill, which the next read sees; the reads are separate statements, so the
@@ -126,7 +126,7 @@ def _peek(plan: LimitPlan) -> Decision | None:
     budget = BudgetPeriod.objects.filter(tenant_id=plan.tenant_id, period_start=period_start(wall)).first()
     if budget is None:
         return None
-    reason, _ = _budget_refusal(plan, budget, wall)
+    reason, _ = _budget_refusal(plan, budget)
     return _refused(plan, reason, seconds_to_next_period(wall), r, t) if reason else None
 
 
@@ -165,7 +165,7 @@ def _reserve_locked(plan: LimitPlan, seed: BudgetSeed | None) -> Decision | None
                 tenant_id=plan.tenant_id, period_start=period, tokens=max(0, seed.tokens),
                 spend_nano=max(0, seed.spend_nano),
             )
-        reason, soft = _budget_refusal(plan, budget, wall)
+        reason, soft = _budget_refusal(plan, budget)
         if reason:
             return _refused(plan, reason, seconds_to_next_period(wall), r, t)
 
