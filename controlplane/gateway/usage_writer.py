@@ -11,10 +11,9 @@ a savepoint, so a batch that fails is retried event by event, with backoff: a re
 twice. The requests' journal rows are deleted in the same transaction as their ledger rows.
 Journal rows (`admit`) are latency-sensitive: a request waits for its row before it is sent. So a
 batch's rows are committed first, in a transaction of their own, and their requests released before
-the batch's events are written (a row never waits for up to BATCH ledger writes; under
-benchmarks.flood a premium request's `journal` stage was that wait). In a batch that fails they are
-written alone, and each one that still fails fails its request (a 503 at the gateway) at once,
-before any event is retried.
+the batch's events are written: a row never waits for up to BATCH ledger writes (one sink call
+each). In a batch that fails they are written alone, and each one that still fails fails its request
+(a 503 at the gateway) at once, before any event is retried.
 
 While the database does not answer (PostgreSQL stopped, failing over, unreachable), a batch goes to
 the process's local spool (spool.py) instead, fsync'd before anything waiting on it is released, so
