@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -60,6 +61,9 @@ def test_the_local_stack_serves_prints_the_two_lines_and_stops_cleanly(tmp_path)
         reply = client.chat.completions.create(model="smollm2-135m-instruct", max_tokens=6, temperature=0,
                                                messages=[{"role": "user", "content": "Say hello."}])
         assert reply.choices[0].message.content and reply.usage.completion_tokens >= 1
+        with sqlite3.connect(tmp_path / "tessera.sqlite3", timeout=30) as db:  # served as the GGUF's own blocks
+            assert db.execute("SELECT quantization FROM deployments_deployment WHERE name = ?",
+                              ("smollm2-135m-instruct",)).fetchall() == [("gguf",)]
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(90) == 0, "".join(lines)
