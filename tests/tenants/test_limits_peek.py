@@ -115,25 +115,22 @@ def test_a_refused_tenant_is_refused_while_another_holds_the_lock(make_tenant):
         holder.join(30)
 
 
-def test_a_tenant_not_refused_lately_is_not_read_first(make_tenant):
+def test_a_tenant_not_refused_lately_is_not_read_first(make_tenant, monkeypatch):
     """Admissions pay nothing for the read path: a tenant never refused goes straight to the lock."""
     tenant = make_tenant().pk
     limits = replace(UNLIMITED, max_concurrent_requests=4)
     assert reserve(plan(tenant, limits)).allowed
     peeked = []
     original = db_limiter._peek
-    db_limiter._peek = lambda p: peeked.append(p) or original(p)
-    try:
-        assert reserve(plan(tenant, limits)).allowed
-        assert peeked == []
-        for _ in range(2):
-            reserve(plan(tenant, limits))
-        assert reserve(plan(tenant, limits)).reason == "concurrency"
-        assert len(peeked) == 0  # the refusal came from the lock; the next one reads first
-        assert reserve(plan(tenant, limits)).reason == "concurrency"
-        assert len(peeked) == 1
-    finally:
-        db_limiter._peek = original
+    monkeypatch.setattr(db_limiter, "_peek", lambda p: peeked.append(p) or original(p))
+    assert reserve(plan(tenant, limits)).allowed
+    assert peeked == []
+    for _ in range(2):
+        reserve(plan(tenant, limits))
+    assert reserve(plan(tenant, limits)).reason == "concurrency"
+    assert len(peeked) == 0  # the refusal came from the lock; the next one reads first
+    assert reserve(plan(tenant, limits)).reason == "concurrency"
+    assert len(peeked) == 1
 
 
 def test_racing_threads_never_admit_past_the_limit(make_tenant):
