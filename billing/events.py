@@ -34,3 +34,5 @@ class UsageEvent:
     # is an attempt of: the ledger bills a line once whichever attempt, and under whichever request id, it
     # was served. None for everything that is not a batch line.
     batch_line: str | None = None
+    # The worker the request was sent to (its URL): the replica whose hour its cost is a share of.
+    worker_url: str = ""

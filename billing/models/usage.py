@@ -48,6 +48,9 @@ class UsageRecord(models.Model):
     batch_line = models.CharField(max_length=80, blank=True, default="")
     # A /v1/embeddings request: its input tokens are priced at the price's embeddings rate (own line).
     embeddings = models.BooleanField(default=False)
+    # The worker that served it (its URL, as the gateway's journal names it): which replica's hour the
+    # request's cost is a share of (billing/costs/). Blank on rows older than cost attribution.
+    worker_url = models.CharField(max_length=500, blank=True, default="")
     created_at = models.DateTimeField(help_text="When the request started; the price in force then applies.")
     ingested_at = models.DateTimeField(auto_now_add=True)
     price = models.ForeignKey("billing.Price", on_delete=models.PROTECT, null=True, blank=True, related_name="+")

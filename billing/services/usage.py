@@ -127,6 +127,7 @@ def usage_record_ingest(*, event: UsageEvent) -> UsageRecord | None:
         batch_id=event.batch_id or "",
         batch_line=event.batch_line or "",
         embeddings=event.embeddings,
+        worker_url=event.worker_url or "",
         **_priced_fields(
             prompt=event.prompt_tokens, cached=event.cached_tokens, completion=event.completion_tokens, price=price,
             batch=bool(event.batch_id), embeddings=event.embeddings,
