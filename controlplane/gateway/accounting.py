@@ -214,6 +214,7 @@ class Meter:
             batch_id=self.batch_id or None,
             embeddings=self.embeddings,
             batch_line=self.batch_line or None,
+            worker_url=self.worker_url,  # whose replica-hour the request's cost is a share of (billing/costs)
         )
         limits = self.principal.limits
         if self.batch_id:  # batch lines are not the online tiers' traffic: they would skew their SLIs

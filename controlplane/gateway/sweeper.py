@@ -104,7 +104,7 @@ async def _bill(row: InflightRequest, counts: WorkerCounts, now: dt.datetime) ->
         latency_ms=(now - row.created_at).total_seconds() * 1000,
         status="error",  # the client's connection died with its gateway: the platform failed it
         created_at=row.created_at, http_status=None, batch_id=row.batch_id or None, embeddings=row.embeddings,
-        batch_line=row.batch_line or None,
+        batch_line=row.batch_line or None, worker_url=row.worker_url,
     )
     actual_spend = 0
     if row.reserved_spend_nano:
