@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from billing import views, webhooks
+from billing import economics_views, rate_views, views, webhooks
 
 app_name = "billing"
 
@@ -13,5 +13,13 @@ urlpatterns = [
     path(
         "exports/invoices.parquet", views.InvoiceExportView.as_view(file_format="parquet"), name="export-invoices-parquet"
     ),
+    path("worker-rates", rate_views.WorkerRateListView.as_view(), name="worker-rates"),
+    path("unit-economics", economics_views.UnitEconomicsView.as_view(), name="unit-economics"),
+    *[
+        path(f"exports/unit-economics-{view}.{fmt}",
+             economics_views.UnitEconomicsExportView.as_view(view=view, file_format=fmt),
+             name=f"export-unit-economics-{view}-{fmt}")
+        for view in ("tenants", "deployments") for fmt in ("csv", "parquet")
+    ],
     path("stripe/webhook", webhooks.stripe_webhook, name="stripe-webhook"),
 ]
