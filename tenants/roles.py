@@ -34,6 +34,10 @@ FINANCE_PERMISSIONS = (
     ("billing", "view_invoiceline"),
     ("billing", "view_stripecustomer"),
     ("billing", "view_stripeevent"),
+    ("billing", "view_workerclassrate"),  # unit economics: the rate book and what it costed
+    ("billing", "view_replicaspan"),
+    ("billing", "view_replicahourcost"),
+    ("billing", "view_requestcost"),
     ("tenants", "view_tenant"),  # tenant names in lists, filters and exports
     ("audit", "view_auditevent"),  # who changed prices, invoices and limits; the audit export
 )

@@ -66,6 +66,14 @@ MATRIX: dict[tuple[str, str], tuple[str, ...]] = {
     ("billing:export-usage-parquet", "get"): FIN,
     ("billing:export-invoices-csv", "get"): FIN,
     ("billing:export-invoices-parquet", "get"): FIN,
+    # billing: unit economics (finance and operators) and the worker-class rate book (operators add)
+    ("billing:unit-economics", "get"): FIN,
+    ("billing:export-unit-economics-tenants-csv", "get"): FIN,
+    ("billing:export-unit-economics-tenants-parquet", "get"): FIN,
+    ("billing:export-unit-economics-deployments-csv", "get"): FIN,
+    ("billing:export-unit-economics-deployments-parquet", "get"): FIN,
+    ("billing:worker-rates", "get"): FIN,
+    ("billing:worker-rates", "post"): OP_400,
     ("billing:stripe-webhook", "post"): WEBHOOK,
     # slo: operators see every tenant, a key its own
     ("slo:status", "get"): ("401", "403", "403", "2xx", "2xx", "2xx", "2xx"),
@@ -178,6 +186,8 @@ def url_for(name: str, route: str, w: dict) -> str:
     }
     kwargs = {k: v for k, v in values.items() if f"<{k}>" in route or f":{k}>" in route}
     url = reverse(name, kwargs=kwargs)
+    if "unit-economics" in name:
+        return url + "?month=2026-11"
     return url + ("?from=2026-11-01&to=2026-12-01" if "export" in name else "")
 
 
