@@ -90,6 +90,26 @@ def invoices_build_month(month: str | None = None, finalize: bool = False) -> li
     return services.invoices_build_month(month=first, finalize=finalize)
 
 
+@shared_task(name="billing.replica_spans_observe", **RETRY)
+def replica_spans_observe() -> int:
+    """Extend every ready replica's serving span to now (beat: every minute; the span's resolution)."""
+    return services.replica_spans_observe()
+
+
+# Hours rebuilt by each run of cost_hours_rebuild: late usage (the sweeper's, within minutes; a gateway's
+# spool replayed after a database outage, within hours) is folded into the hour it started in. Older
+# hours: `manage.py unit_economics --month M --rebuild`.
+COST_REBUILD_HOURS = 24
+
+
+@shared_task(name="billing.cost_hours_rebuild", **RETRY)
+def cost_hours_rebuild(hours: int = COST_REBUILD_HOURS) -> int:
+    """Recompute the cost of the last `hours` hours, the current one included (idempotent). Returns requests costed."""
+    now = timezone.now().replace(minute=0, second=0, microsecond=0)
+    rebuilt = services.cost_hours_rebuild(start=now - timedelta(hours=hours - 1), end=now + timedelta(hours=1))
+    return sum(hour.requests for hour in rebuilt)
+
+
 @receiver(signals.stripe_push_wanted, dispatch_uid="billing.tasks.enqueue_stripe_push")
 def enqueue_stripe_push(sender, *, invoice_id: int, action: str, **kwargs) -> None:
     """Hand a Stripe push to Celery. A broker outage must not undo billing: the sweeper retries later."""
