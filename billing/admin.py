@@ -8,7 +8,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, Sum
 
-from billing import services
+from billing import cost_admin, services  # noqa: F401  (cost_admin registers the cost of serving's pages)
 from billing.errors import BillingError
 from billing.models import Invoice, InvoiceLine, Price, StripeCustomer, StripeEvent, UsageDaily, UsageRecord
 from billing.services.prices import price_window_check

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 
 from django.db import transaction
@@ -33,11 +33,13 @@ def _on_the_hour(name: str, value: datetime | None) -> None:
     if value.tzinfo is None:
         raise BillingError(f"{name} must be timezone-aware")
     # An hour is costed at one rate (billing/services/costs.py): a rate starting mid-hour would need two.
+    # UTC's hours: an offset of half an hour (India's) makes a local "on the hour" a UTC half-hour.
+    value = value.astimezone(UTC)
     if (value.minute, value.second, value.microsecond) != (0, 0, 0):
         raise BillingError(f"{name} must be on the hour, got {value.isoformat()}")
 
 
-def worker_rate_create(
+def worker_rate_check(
     *,
     worker_class: str,
     hourly_cost: Decimal,
@@ -47,36 +49,45 @@ def worker_rate_create(
     effective_to: datetime | None = None,
     currency: str = "usd",
     note: str = "",
-) -> WorkerClassRate:
-    """Add a rate for a worker class. The class's open-ended rate that started earlier is closed at
-    `effective_from` (a rate change); any other overlap is refused. Hours already costed keep their
-    rate until `cost_hour_rebuild` runs for them again."""
+) -> dict:
+    """The rate's fields, checked and normalised (BillingError saying which and why); the admin's form
+    calls it too, so it refuses what the service would."""
     worker_class = (worker_class or "").strip()
     if not worker_class or len(worker_class) > 128 or "\x00" in worker_class:
         raise BillingError("worker_class must be 1 to 128 characters")
     currency = (currency or "").strip().lower()
     if len(currency) != 3 or not currency.isalpha() or currency in ZERO_DECIMAL_CURRENCIES:
         raise BillingError(f"currency must be a three-letter code with cents, got {currency!r}")
+    if effective_from is None:
+        raise BillingError("effective_from is required")
     _on_the_hour("effective_from", effective_from)
     _on_the_hour("effective_to", effective_to)
     if effective_to is not None and effective_to <= effective_from:
         raise BillingError("effective_to must be after effective_from")
-    fields = {
+    return {
+        "worker_class": worker_class, "currency": currency, "note": note or "",
+        "effective_from": effective_from, "effective_to": effective_to,
         "hourly_cost": _decimal("hourly_cost", hourly_cost, places=PRICE_PLACES, positive=False),
         "prefill_tokens_per_second": _decimal("prefill_tokens_per_second", prefill_tokens_per_second,
                                               places=SPEED_PLACES, positive=True),
         "decode_tokens_per_second": _decimal("decode_tokens_per_second", decode_tokens_per_second,
                                              places=SPEED_PLACES, positive=True),
     }
+
+
+def worker_rate_create(**fields) -> WorkerClassRate:
+    """Add a rate for a worker class (fields: `worker_rate_check`'s). The class's open-ended rate that
+    started earlier is closed at `effective_from` (a rate change); any other overlap is refused. Hours
+    already costed keep their old cost until `cost_hour_rebuild` runs for them again."""
+    fields = worker_rate_check(**fields)
     with transaction.atomic():
-        to_close = worker_rate_window_check(worker_class=worker_class, effective_from=effective_from,
-                                            effective_to=effective_to, lock=True)
+        to_close = worker_rate_window_check(worker_class=fields["worker_class"], effective_from=fields["effective_from"],
+                                            effective_to=fields["effective_to"], lock=True)
         for other in to_close:
             with audit.change("worker_rate.close", other):
-                other.effective_to = effective_from
+                other.effective_to = fields["effective_from"]
                 other.save(update_fields=["effective_to"])
-        rate = WorkerClassRate.objects.create(worker_class=worker_class, currency=currency, **fields,
-                                              effective_from=effective_from, effective_to=effective_to, note=note)
+        rate = WorkerClassRate.objects.create(**fields)
         audit.record("worker_rate.create", rate)
         return rate
 
