@@ -3,7 +3,7 @@ replica-hour's attributed cost + idle = up hours x rate to the cent, unrated cla
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 
 import pytest
@@ -40,7 +40,8 @@ def test_rate_create_closes_the_open_rate_refuses_overlaps_and_is_audited(db):
     for bad in (dict(start=H + timedelta(days=3, minutes=30)), dict(hourly="-1", start=H + timedelta(days=4)),
                 dict(decode="0", start=H + timedelta(days=4)), dict(worker_class="", start=H + timedelta(days=4)),
                 dict(worker_class="a\x00b", start=H + timedelta(days=4)), dict(hourly="NaN", start=H + timedelta(days=4)),
-                dict(currency="jpy", start=H + timedelta(days=4)), dict(hourly="1e-11", start=H + timedelta(days=4))):
+                dict(currency="jpy", start=H + timedelta(days=4)), dict(hourly="1e-11", start=H + timedelta(days=4)),
+                dict(start=datetime(2026, 12, 1, tzinfo=timezone(timedelta(hours=5, minutes=30))))):  # 18:30 UTC
         with pytest.raises(BillingError):
             rate(**bad)
     assert WorkerClassRate.objects.count() == 2
