@@ -96,10 +96,11 @@ def replica_spans_observe() -> int:
     return services.replica_spans_observe()
 
 
-# Hours rebuilt by each run of cost_hours_rebuild: late usage (the sweeper's, within minutes; a gateway's
-# spool replayed after a database outage, within hours) is folded into the hour it started in. Older
-# hours: `manage.py unit_economics --month M --rebuild`.
-COST_REBUILD_HOURS = 24
+# Hours rebuilt by each run of cost_hours_rebuild: the sweeper's late usage (minutes) lands in the next
+# run; beat also runs it once a day over 48 hours for a gateway's spool replayed after a long database
+# outage. Older hours: `manage.py unit_economics --month M --rebuild`. Not every 24 hours every 15 minutes:
+# a rebuild took ~0.11 ms a request (20,000 requests in 2.3 s, PostgreSQL on 2 shared cores).
+COST_REBUILD_HOURS = 3
 
 
 @shared_task(name="billing.cost_hours_rebuild", **RETRY)
