@@ -147,6 +147,8 @@ CELERY_BEAT_SCHEDULE = {
     "billing-replica-spans-observe": {"task": "billing.replica_spans_observe", "schedule": 60.0,
                                       "options": {"expires": 120.0}},
     "billing-cost-hours-rebuild": {"task": "billing.cost_hours_rebuild", "schedule": 15 * 60.0},
+    "billing-cost-hours-rebuild-daily": {"task": "billing.cost_hours_rebuild", "kwargs": {"hours": 48},
+                                         "schedule": crontab(minute=45, hour=1)},
     "billing-invoices-build-month": {
         "task": "billing.invoices_build_month",
         "schedule": crontab(minute=30, hour=0, day_of_month=1),
