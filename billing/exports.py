@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from billing.models import InvoiceLine, UsageRecord
+from billing.models.costs import COST_MAX_DIGITS, COST_PLACES
 from billing.money import (
     AMOUNT_MAX_DIGITS,
     AMOUNT_PLACES,
@@ -58,6 +59,12 @@ USAGE_COLUMNS = [
     ("amount", "amount", _AMOUNT),
     ("invoice_number", "invoice__number", pa.string()),
     ("batch_id", "batch_id", pa.string()),  # the /v1/batches batch a request was a line of ("" online)
+    # What serving it cost (billing/costs/, docs/billing.md "Unit economics"): empty until its hour is rebuilt.
+    ("worker_url", "worker_url", pa.string()),
+    ("deployment", "cost__deployment", pa.string()),
+    ("worker_class", "cost__worker_class", pa.string()),
+    ("cost_currency", "cost__currency", pa.string()),
+    ("cost", "cost__cost", pa.decimal128(COST_MAX_DIGITS, COST_PLACES)),
 ]
 
 INVOICE_COLUMNS = [

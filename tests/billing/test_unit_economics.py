@@ -160,3 +160,11 @@ def test_the_command_prints_rebuilds_and_exports(served, tmp_path, capsys):
     for bad in ("2026-13", "2026/11", "2026-11\x00"):
         with pytest.raises(CommandError):
             call_command("unit_economics", "--month", bad)
+
+
+def test_the_usage_export_carries_each_request_s_cost(finance, served):
+    response = finance.get("/api/v1/billing/exports/usage.csv", {"from": "2026-11-01", "to": "2026-12-01"})
+    rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert len(rows) == 3 and {r["worker_class"] for r in rows} == {"H100", "L40S"}
+    assert sum(Decimal(r["cost"]) for r in rows) == _report().summary[0].attributed_cost
+    assert {r["deployment"] for r in rows if r["worker_url"] == "http://w1:8000"} == {"llama"}
