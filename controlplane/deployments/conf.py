@@ -14,6 +14,7 @@
 | TESSERA_ADAPTER_SOURCES | empty: no URIs | comma-separated URI prefixes (`s3://bucket[/prefix]`); tenant T's under `<prefix>/<T>/` |
 | TESSERA_INTERNAL_TOKEN | empty: loopback only | the bearer token of `/internal/v1/` (workers only; not the gateway's worker token) |
 | TESSERA_INTERNAL_ALLOW_FORWARDED | 0 | 1: accept `/internal/v1/` calls that carry X-Forwarded-For (came through a proxy) |
+| TESSERA_AUTOSCALE_* | see AUTOSCALE below | the autoscaler's thresholds and clocks (autoscale/policy.py, docs/deployments.md) |
 """
 
 from __future__ import annotations
@@ -32,6 +33,23 @@ DEFAULTS: dict[str, float] = {
     "TESSERA_REPLICA_REDISPATCH_SECONDS": 30,
     "TESSERA_MAX_ADAPTERS_PER_TENANT": 8,
 }
+# The autoscaler (autoscale/policy.py reads them through Policy.from_settings; docs/deployments.md).
+AUTOSCALE: dict[str, float] = {
+    "TESSERA_AUTOSCALE_TARGET_WAITING": 4,  # waiting requests per replica above which it grows
+    "TESSERA_AUTOSCALE_LOW_WAITING": 0.5,  # ... and below which it may shrink (the band between holds)
+    "TESSERA_AUTOSCALE_KV_HIGH": 0.85,  # a replica's KV-cache use above which it grows
+    "TESSERA_AUTOSCALE_KV_LOW": 0.5,  # projected use on one replica fewer below which it may shrink
+    "TESSERA_AUTOSCALE_BURN_HIGH": 14.4,  # 5-minute latency burn rate (the fast-burn page's factor)
+    "TESSERA_AUTOSCALE_BURN_LOW": 1.0,  # on budget: shrinking allowed
+    "TESSERA_AUTOSCALE_BURN_MIN_EVENTS": 20,  # fewer requests in 5 minutes: no burn-rate signal
+    "TESSERA_AUTOSCALE_UP_COOLDOWN_SECONDS": 30,
+    "TESSERA_AUTOSCALE_DOWN_COOLDOWN_SECONDS": 300,  # after any change, before a scale-down
+    "TESSERA_AUTOSCALE_DOWN_STABLE_SECONDS": 300,  # every signal low this long before a scale-down
+    "TESSERA_AUTOSCALE_IDLE_SECONDS": 900,  # no request this long before the last replica goes (min 0)
+    "TESSERA_AUTOSCALE_DRAIN_SECONDS": 120,  # a draining replica is unloaded after this even if busy
+    "TESSERA_AUTOSCALE_COLD_START_RETRY_SECONDS": 15,  # Retry-After while a scaled-to-zero model loads
+}
+DEFAULTS.update(AUTOSCALE)
 STR_DEFAULTS: dict[str, str] = {"TESSERA_ADAPTER_ROOT": "", "TESSERA_ADAPTER_SOURCES": "", "TESSERA_INTERNAL_TOKEN": "",
                                "TESSERA_INTERNAL_ALLOW_FORWARDED": "0"}
 MAX_RETRY_SECONDS = 300

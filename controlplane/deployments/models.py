@@ -161,6 +161,13 @@ class Deployment(models.Model):
     model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="deployments")
     quantization = models.CharField(max_length=16, choices=Quantization.choices, default=Quantization.BF16)
     desired_replicas = models.PositiveIntegerField(default=1)
+    # Autoscaling (autoscale/): on when max_replicas is set; the reconciler then moves desired_replicas
+    # within [min_replicas, max_replicas]. min_replicas 0 scales to zero (the first request wakes it).
+    min_replicas = models.PositiveIntegerField(default=1, help_text="Autoscaling's floor; 0: scale to zero "
+                                               "when idle (the first request is answered 503 + Retry-After "
+                                               "while a replica loads).")
+    max_replicas = models.PositiveIntegerField(null=True, blank=True, help_text="Autoscaling's ceiling; blank: "
+                                               "no autoscaling (desired_replicas as set).")
     served_name = models.CharField(max_length=128, validators=[name_validator], blank=True,
                                    help_text="The id clients send as `model`; defaults to the model's name.")
     placement = models.JSONField(default=dict, blank=True, help_text='Constraints: {"accelerator": "H100", '
@@ -182,6 +189,10 @@ class Deployment(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def autoscaled(self) -> bool:
+        return self.max_replicas is not None
 
     @property
     def engine_quantization(self) -> str | None:
@@ -214,6 +225,9 @@ class Replica(models.Model):
     ready_at = models.DateTimeField(null=True, blank=True)
     load_seconds = models.FloatField(null=True, blank=True)
     gate = models.JSONField(null=True, blank=True, help_text="Quality gate report (quantized replicas).")
+    # Set when the autoscaler picked this ready replica for removal: out of the routing table at once,
+    # unloaded only once its worker reports it idle (or TESSERA_AUTOSCALE_DRAIN_SECONDS passed).
+    drain_started_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -277,3 +291,26 @@ class ReconcilerState(models.Model):
 
     class Meta:
         verbose_name = "reconciler state"
+
+
+class AutoscalerState(models.Model):
+    """The autoscaler's memory of one deployment (autoscale/service.py): its clocks, for cooldowns and
+    hysteresis, and its last reading, for /metrics (the reconciler runs in a Celery worker; the web
+    process that Prometheus scrapes reads this row)."""
+
+    deployment = models.OneToOneField(Deployment, on_delete=models.CASCADE, related_name="autoscaler")
+    last_up_at = models.DateTimeField(null=True, blank=True)
+    last_down_at = models.DateTimeField(null=True, blank=True)
+    low_since = models.DateTimeField(null=True, blank=True, help_text="Since when every signal has been low "
+                                     "(hysteresis: a scale-down waits for TESSERA_AUTOSCALE_DOWN_STABLE_SECONDS).")
+    recommended = models.PositiveIntegerField(default=0)
+    reason = models.CharField(max_length=32, blank=True)
+    detail = models.CharField(max_length=300, blank=True)
+    signals = models.JSONField(default=dict, blank=True)
+    ups = models.PositiveIntegerField(default=0)
+    downs = models.PositiveIntegerField(default=0)
+    cold_starts = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"autoscaler of {self.deployment_id}"

@@ -1,0 +1,2 @@
+"""Autoscaling: `policy` decides (pure), `signals` reads, `service` writes, `drain` removes gently,
+`metrics` exports `tessera:autoscaler_*`, `cold_start` answers the gateway for a deployment at zero."""
