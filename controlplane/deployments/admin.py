@@ -186,20 +186,31 @@ class DeploymentForm(forms.ModelForm):
         model = Deployment
         fields = "__all__"
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "min_replicas" in self.fields:
+            self.fields["min_replicas"].required = False  # blank: 1, the model's default
+
     def clean(self):
         data = super().clean()
         model, quantization = data.get("model"), data.get("quantization")
         if model is not None and quantization and quantization not in model.quantizations:
             raise forms.ValidationError(f"{model.name} is not available as {quantization} "
                                         f"(it has {', '.join(model.quantizations)}).")
+        if data.get("min_replicas") is None:
+            data["min_replicas"] = 1
+        high = data.get("max_replicas")
+        if high is not None and (high < 1 or high < data["min_replicas"]):
+            self.add_error("max_replicas", f"At least 1 and at least min_replicas ({data['min_replicas']}); "
+                                           "blank: no autoscaling.")
         return data
 
 
 @admin.register(Deployment)
 class DeploymentAdmin(AuditedAdminMixin, admin.ModelAdmin):
     form = DeploymentForm
-    list_display = ("name", "model", "quantization", "served_name", "desired_replicas", "ready_replicas",
-                    "failed_replicas", "deleting")
+    list_display = ("name", "model", "quantization", "served_name", "desired_replicas", "min_replicas",
+                    "max_replicas", "ready_replicas", "failed_replicas", "deleting")
     list_filter = ("quantization", "deleting", "model")
     search_fields = ("name", "served_name", "model__name")
     list_select_related = ("model",)
@@ -234,12 +245,13 @@ class DeploymentAdmin(AuditedAdminMixin, admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         if change:
             services.deployment_update(deployment=obj, replicas=obj.desired_replicas, placement=obj.placement,
-                                       engine_args=obj.engine_args, max_adapters=obj.max_adapters)
+                                       engine_args=obj.engine_args, max_adapters=obj.max_adapters,
+                                       min_replicas=obj.min_replicas, max_replicas=obj.max_replicas)
             return
         created = services.deployment_create(
             model=obj.model, replicas=obj.desired_replicas, quantization=obj.quantization, name=obj.name,
             served_name=obj.served_name or None, placement=obj.placement, engine_args=obj.engine_args,
-            max_adapters=obj.max_adapters)
+            max_adapters=obj.max_adapters, min_replicas=obj.min_replicas, max_replicas=obj.max_replicas)
         obj.pk, obj._state.adding = created.pk, False
 
     @admin.action(description="Retry the failed replicas", permissions=["retry"])

@@ -10,7 +10,9 @@ serialises writers anyway):
    created and extra ones stopped (failed, then pending, then loading, then ready; newest first).
    Replicas on a cordoned or draining worker are replaced first and stopped only once the
    replacements are ready (make before break). Pending replicas go to a free worker that matches
-   the placement (one engine per worker process, so one active replica per worker).
+   the placement (one engine per worker process, so one active replica per worker). A deployment
+   with `max_replicas` set is autoscaled first (autoscale/service.py decides its desired count), and
+   the ready replicas it removes are drained before they are unloaded (autoscale/drain.py).
 3. Adapters: each is placed on every ready replica of its base model whose deployment has LoRA
    slots (`max_adapters`), and unloaded everywhere before a deleted one is removed.
 
@@ -37,6 +39,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from . import conf, dispatch
+from .autoscale import drain
+from .autoscale import service as autoscale
 from .models import (
     ACTIVE_REPLICA_STATUSES,
     Adapter,
@@ -174,18 +178,34 @@ def _reconcile_deployment(deployment: Deployment, free: list[Worker], now: dt.da
         elif replica.status == ReplicaStatus.STOPPING:
             _check_stopping(replica, now)
     replicas = [r for r in replicas if r.pk is not None]
+    if deployment.autoscaled and not deployment.deleting:
+        autoscale.deployment_autoscale(deployment=deployment, now=now, replicas=replicas)
+        desired = deployment.desired_replicas
+    drains = deployment.autoscaled and not deployment.deleting  # autoscaled removals drain first (drain.py)
     live = [r for r in replicas if r.status != ReplicaStatus.STOPPING]
     leaving = [r for r in live if _leaving(r)]
-    staying = [r for r in live if not _leaving(r)]
+    draining = [r for r in live if not _leaving(r) and r.drain_started_at is not None]
+    staying = [r for r in live if not _leaving(r) and r.drain_started_at is None]
     if len(staying) < desired:
+        for replica in sorted(draining, key=lambda r: -r.pk)[:desired - len(staying)]:
+            drain.drain_cancel(replica=replica)  # taking a drain back is cheaper than a new load
+            draining.remove(replica)
+            staying.append(replica)
         for _ in range(desired - len(staying)):
             staying.append(Replica.objects.create(deployment=deployment, reason="waiting for a worker"))
             result.created += 1
     elif len(staying) > desired:
         extras = sorted(staying, key=lambda r: (REMOVAL_ORDER[ReplicaStatus(r.status)], -r.pk))[:len(staying) - desired]
         for replica in extras:
-            _stop(replica, result)
+            if drains and replica.status == ReplicaStatus.READY and replica.worker is not None:
+                drain.drain_start(replica=replica, now=now)
+                draining.append(replica)
+            else:
+                _stop(replica, result)
         staying = [r for r in staying if r not in extras]
+    for replica in draining:
+        if not drains or drain.drained(replica=replica, now=now):
+            _stop(replica, result)
     if leaving and sum(r.status == ReplicaStatus.READY for r in staying) >= desired:
         for replica in leaving:
             _stop(replica, result)
@@ -281,7 +301,7 @@ def _reconcile_adapters(now: dt.datetime, result: ReconcileResult) -> None:
     hosts: dict[int, list[Replica]] = defaultdict(list)
     for replica in (Replica.objects.filter(status=ReplicaStatus.READY, deployment__max_adapters__gt=0)
                     .select_related("deployment", "worker").order_by("id")):
-        if not _leaving(replica):
+        if not _leaving(replica) and replica.drain_started_at is None:
             hosts[replica.deployment.model_id].append(replica)
     used: dict[int, int] = defaultdict(int)
     for replica_id in AdapterPlacement.objects.values_list("replica_id", flat=True):

@@ -47,7 +47,7 @@ def worker_get(*, name: str) -> Worker:
 
 
 def deployment_list() -> QuerySet[Deployment]:
-    return Deployment.objects.select_related("model").prefetch_related("replicas__worker")
+    return Deployment.objects.select_related("model", "autoscaler").prefetch_related("replicas__worker")
 
 
 def deployment_get(*, name: str) -> Deployment:
@@ -128,7 +128,8 @@ def routing_table(*, now: dt.datetime | None = None) -> list[Route]:
     now = now or timezone.now()
     fresh_after = now - dt.timedelta(seconds=conf.get("TESSERA_WORKER_DEAD_SECONDS"))
     replicas = (Replica.objects.filter(status=ReplicaStatus.READY, worker__status=WorkerStatus.READY,
-                                       worker__last_heartbeat_at__gte=fresh_after)
+                                       worker__last_heartbeat_at__gte=fresh_after,
+                                       drain_started_at__isnull=True)  # a draining replica gets no new requests
                 .select_related("deployment", "worker"))
     routes: list[Route] = []
     by_id = {}
@@ -146,3 +147,29 @@ def routing_table(*, now: dt.datetime | None = None) -> list[Route]:
         routes.append(Route(replica.worker.url.rstrip("/"), adapter.served_name, replica.deployment.served_name,
                             adapter.served_name, adapter.tenant_id, *load[replica.pk]))
     return routes
+
+
+@dataclass(frozen=True, slots=True)
+class Dormant:
+    """A name a deployment scaled to zero serves: the gateway answers it with a cold start, not a 404."""
+
+    name: str  # what clients send as `model`
+    base: str  # the base model's served name
+    adapter: str | None  # the adapter's served name, None for the base model
+    owner_tenant_id: int | None  # adapters: only this tenant may see or use it (others get the 404)
+    deployment_id: int
+
+
+def dormant_table() -> list[Dormant]:
+    """Autoscaled deployments allowed to sit at zero (min_replicas 0) with no ready replica that is not
+    draining, and their tenants' adapters: the names a request may wake (autoscale/cold_start.py)."""
+    deployments = (Deployment.objects.filter(max_replicas__isnull=False, min_replicas=0, deleting=False)
+                   .exclude(pk__in=Replica.objects.filter(status=ReplicaStatus.READY, drain_started_at__isnull=True)
+                            .values("deployment_id")))
+    out: list[Dormant] = []
+    for deployment in deployments:
+        name = deployment.served_name
+        out.append(Dormant(name, name, None, None, deployment.pk))
+        for adapter in Adapter.objects.filter(base_model_id=deployment.model_id).exclude(status="deleting"):
+            out.append(Dormant(adapter.served_name, name, adapter.served_name, adapter.tenant_id, deployment.pk))
+    return out

@@ -89,6 +89,26 @@ def _check_engine_args(engine_args: Any) -> dict:
     return engine_args
 
 
+UNSET: Any = object()  # deployment_update: "not given" (None is a value: max_replicas None turns autoscaling off)
+
+
+def replica_bounds(*, min_replicas: int, max_replicas: int | None, replicas: int) -> int:
+    """Check autoscaling's bounds; -> the desired count, clamped into them when autoscaled.
+
+    An operator's `replicas` on an autoscaled deployment is where the autoscaler starts from: it is
+    kept within [min, max] so the bounds hold from the first pass (the autoscaler moves it after)."""
+    if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 0:
+        raise _invalid("min_replicas: an integer >= 0 (0: scale to zero when idle).", "min_replicas")
+    if max_replicas is None:
+        return replicas
+    if isinstance(max_replicas, bool) or not isinstance(max_replicas, int) or max_replicas < 1:
+        raise _invalid("max_replicas: an integer >= 1, or null for no autoscaling.", "max_replicas")
+    if max_replicas < min_replicas:
+        raise _invalid(f"max_replicas: {max_replicas} is below min_replicas {min_replicas}; the autoscaler "
+                       "needs min_replicas <= max_replicas.", "max_replicas")
+    return min(max(replicas, min_replicas), max_replicas)
+
+
 # --- models ---------------------------------------------------------------------------------------
 
 def model_create(*, name: str, source: str = "", architecture: str = "llama", context_length: int | None = None,
@@ -135,7 +155,8 @@ def model_delete(*, model: Model) -> None:
 
 def deployment_create(*, model: Model, replicas: int = 1, quantization: str = "bf16", name: str | None = None,
                       served_name: str | None = None, placement: dict | None = None,
-                      engine_args: dict | None = None, max_adapters: int = 0) -> Deployment:
+                      engine_args: dict | None = None, max_adapters: int = 0, min_replicas: int = 1,
+                      max_replicas: int | None = None) -> Deployment:
     quantization = quantization_normalize(quantization)
     if quantization not in model.quantizations:
         raise ApplicationError(f"Model {model.name!r} is not available as {quantization} (it has "
@@ -143,6 +164,7 @@ def deployment_create(*, model: Model, replicas: int = 1, quantization: str = "b
                                param="quantization")
     if replicas < 0:
         raise _invalid("replicas: must be >= 0.", "replicas")
+    replicas = replica_bounds(min_replicas=min_replicas, max_replicas=max_replicas, replicas=replicas)
     name = name or (model.name if quantization == Quantization.BF16 else f"{model.name}-{quantization}")
     _check_name(name, "name")
     served_name = served_name or model.name
@@ -152,7 +174,7 @@ def deployment_create(*, model: Model, replicas: int = 1, quantization: str = "b
             deployment = Deployment.objects.create(
                 name=name, model=model, quantization=quantization, desired_replicas=replicas, served_name=served_name,
                 placement=_check_placement(placement or {}), engine_args=_check_engine_args(engine_args or {}),
-                max_adapters=max_adapters)
+                max_adapters=max_adapters, min_replicas=min_replicas, max_replicas=max_replicas)
             audit.record("deployment.create", deployment)
             dispatch.reconcile_soon()
     except IntegrityError:
@@ -161,8 +183,10 @@ def deployment_create(*, model: Model, replicas: int = 1, quantization: str = "b
 
 
 def deployment_update(*, deployment: Deployment, replicas: int | None = None, placement: dict | None = None,
-                      engine_args: dict | None = None, max_adapters: int | None = None) -> Deployment:
-    """Scale or reconfigure. A changed spec gives failed replicas a fresh start."""
+                      engine_args: dict | None = None, max_adapters: int | None = None,
+                      min_replicas: int = UNSET, max_replicas: int | None = UNSET) -> Deployment:
+    """Scale or reconfigure. A changed spec gives failed replicas a fresh start. Bounds are checked
+    against the stored ones (a PATCH of max_replicas alone below the stored min is refused)."""
     if replicas is not None and replicas < 0:
         raise _invalid("replicas: must be >= 0.", "replicas")
     with transaction.atomic(), audit.change("deployment.update", deployment):
@@ -173,6 +197,13 @@ def deployment_update(*, deployment: Deployment, replicas: int | None = None, pl
         respec = False
         if replicas is not None:
             deployment.desired_replicas = replicas
+        if min_replicas is not UNSET:
+            deployment.min_replicas = min_replicas
+        if max_replicas is not UNSET:
+            deployment.max_replicas = max_replicas
+        deployment.desired_replicas = replica_bounds(min_replicas=deployment.min_replicas,
+                                                     max_replicas=deployment.max_replicas,
+                                                     replicas=deployment.desired_replicas)
         if placement is not None:
             deployment.placement, respec = _check_placement(placement), True
         if engine_args is not None:
