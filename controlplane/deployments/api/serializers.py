@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ..models import Adapter, Deployment, Model, Quantization, Replica, Worker
+from ..models import Adapter, AutoscalerState, Deployment, Model, Quantization, Replica, Worker
 from ..selectors import deployment_summary
+
+MAX_REPLICAS = 10_000  # far above any fleet; keeps the integer inside PostgreSQL's column
 
 
 class ModelSerializer(serializers.ModelSerializer):
@@ -53,6 +56,14 @@ class WorkerSerializer(serializers.ModelSerializer):
         return {"id": replica.pk, "deployment": replica.deployment.name, "status": replica.status}
 
 
+class AutoscalerSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = AutoscalerState
+        fields = ["recommended", "reason", "detail", "signals", "last_up_at", "last_down_at", "low_since", "ups",
+                  "downs", "cold_starts", "updated_at"]
+        read_only_fields = fields
+
+
 class DeploymentSerializer(serializers.ModelSerializer):
     model = serializers.SlugRelatedField(slug_field="name", read_only=True)
     replicas = serializers.IntegerField(source="desired_replicas", read_only=True)
@@ -61,12 +72,27 @@ class DeploymentSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Deployment
-        fields = ["id", "name", "model", "quantization", "replicas", "served_name", "placement", "engine_args",
-                  "max_adapters", "deleting", "status", "replica_status", "created_at", "updated_at"]
+        fields = ["id", "name", "model", "quantization", "replicas", "min_replicas", "max_replicas", "autoscaler",
+                  "served_name", "placement", "engine_args", "max_adapters", "deleting", "status", "replica_status",
+                  "created_at", "updated_at"]
         read_only_fields = fields
 
     def get_status(self, deployment: Deployment) -> dict[str, int]:
         return deployment_summary(deployment)
+
+    @extend_schema_field(AutoscalerSerializer(allow_null=True))
+    def get_autoscaler(self, deployment: Deployment) -> dict | None:
+        state = getattr(deployment, "autoscaler", None)
+        return None if state is None else AutoscalerSerializer(state).data
+
+
+def _check_bounds(data: dict) -> dict:
+    """max < min in one body is refused here, field by field; the service checks a PATCH of one
+    bound against the stored other."""
+    low, high = data.get("min_replicas"), data.get("max_replicas")
+    if low is not None and high is not None and high < low:
+        raise serializers.ValidationError({"max_replicas": [f"{high} is below min_replicas {low}."]})
+    return data
 
 
 class DeploymentCreateSerializer(serializers.Serializer):
@@ -78,6 +104,13 @@ class DeploymentCreateSerializer(serializers.Serializer):
     placement = serializers.DictField(required=False, default=dict)
     engine_args = serializers.DictField(required=False, default=dict)
     max_adapters = serializers.IntegerField(min_value=0, max_value=256, default=0)
+    min_replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, default=1,
+                                            help_text="Autoscaling's floor; 0 scales to zero when idle.")
+    max_replicas = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, required=False, allow_null=True,
+                                            help_text="Autoscaling's ceiling; absent or null: no autoscaling.")
+
+    def validate(self, data: dict) -> dict:
+        return _check_bounds(data)
 
 
 class DeploymentUpdateSerializer(serializers.Serializer):
@@ -85,6 +118,12 @@ class DeploymentUpdateSerializer(serializers.Serializer):
     placement = serializers.DictField(required=False)
     engine_args = serializers.DictField(required=False)
     max_adapters = serializers.IntegerField(min_value=0, max_value=256, required=False)
+    min_replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, required=False)
+    max_replicas = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, required=False, allow_null=True,
+                                            help_text="null turns autoscaling off (replicas stay as they are).")
+
+    def validate(self, data: dict) -> dict:
+        return _check_bounds(data)
 
 
 class AdapterSerializer(serializers.ModelSerializer):
