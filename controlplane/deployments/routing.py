@@ -6,7 +6,9 @@ Implements the gateway's `Registry` interface; DeploymentsConfig.ready installs 
 workers) instead of polling workers itself; `outstanding` counts survive refreshes because the
 same `Worker` objects are kept per URL. A worker the gateway failed to reach stays out of its
 rotation for DOWN_SECONDS even if the table still lists it (the heartbeat has not lapsed yet).
-Adapters carry their owner tenant; the gateway hides them from every other tenant.
+Adapters carry their owner tenant; the gateway hides them from every other tenant. Names that only
+an autoscaled deployment at zero serves (selectors.dormant_table) resolve to a DormantTarget, and
+`cold_start` answers them 503 + Retry-After while waking the deployment (autoscale/cold_start.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from controlplane.asyncdb import db_call
 from controlplane.gateway.workers import ModelTarget, Registry, Worker
 
 from . import selectors
+from .autoscale.cold_start import Waker
 
 log = logging.getLogger("tessera.gateway")
 
@@ -28,6 +31,11 @@ DOWN_SECONDS = 5.0
 @dataclass(frozen=True, slots=True)
 class OwnedModelTarget(ModelTarget):
     owner_tenant_id: int | None = None  # set for adapters: the only tenant that may see or use it
+
+
+@dataclass(frozen=True, slots=True)
+class DormantTarget(OwnedModelTarget):
+    deployment_id: int = 0  # a deployment scaled to zero that a request for this name wakes
 
 
 @dataclass(slots=True)
@@ -42,16 +50,30 @@ class RoutedWorker(Worker):
 class DeploymentRegistry(Registry):
     def __init__(self) -> None:
         super().__init__([])
+        self.dormant: dict[str, DormantTarget] = {}
+        self.waker = Waker()
 
     async def refresh(self) -> None:
         try:
-            routes = await db_call(selectors.routing_table)
+            routes, dormant = await db_call(_tables)
         except Exception as exc:  # noqa: BLE001 - keep routing on the last table rather than fail requests
             log.warning("routing table unavailable; keeping the last one", extra={"error": repr(exc)})
             return
-        self.apply(routes)
+        self.apply(routes, dormant)
 
-    def apply(self, routes: list[selectors.Route]) -> None:
+    def resolve(self, name: str) -> ModelTarget:
+        """A name only a deployment at zero serves resolves to its DormantTarget (cold_start answers it)."""
+        if name not in self.known_models() and name in self.dormant:
+            return self.dormant[name]
+        return super().resolve(name)
+
+    async def cold_start(self, target: ModelTarget) -> None:
+        if isinstance(target, DormantTarget):
+            await self.waker.refuse(name=target.name, deployment_id=target.deployment_id)
+
+    def apply(self, routes: list[selectors.Route], dormant: list[selectors.Dormant] = ()) -> None:
+        self.dormant = {d.name: DormantTarget(d.name, d.base, d.adapter, d.owner_tenant_id, d.deployment_id)
+                        for d in dormant}
         now = time.monotonic()
         current = {w.url: w for w in self.workers}
         grouped: dict[str, dict[str, ModelTarget]] = {}
@@ -71,3 +93,7 @@ class DeploymentRegistry(Registry):
             workers.append(worker)
         self.workers = workers
         self.prefixes.retain(set(grouped))
+
+
+def _tables() -> tuple[list[selectors.Route], list[selectors.Dormant]]:
+    return selectors.routing_table(), selectors.dormant_table()

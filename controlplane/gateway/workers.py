@@ -159,6 +159,11 @@ class Registry:
             )
         return target
 
+    async def cold_start(self, target: ModelTarget) -> None:
+        """After authorization: a registry that scales to zero raises its cold-start 503 here (and
+        wakes the deployment); the static list never does."""
+        return None
+
     def candidates(self, name: str, exclude: set[str] = frozenset()) -> list[Worker]:
         return [w for w in self.workers if w.ready and name in w.models and w.url not in exclude]
 
