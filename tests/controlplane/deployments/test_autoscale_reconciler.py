@@ -263,3 +263,18 @@ def test_autoscaler_metrics_are_exported(fleet, commit, client):
     assert f'tessera:autoscaler_signal{{deployment="{name}",signal="reporting"}} 1.0' in text
     assert f'tessera:autoscaler_decisions_total{{deployment="{name}",direction="up"}} 0.0' in text
     assert f'tessera:autoscaler_state{{deployment="{name}",reason="at_min"}} 1.0' in text
+
+
+def test_an_operator_s_change_during_the_pass_is_not_overwritten(fleet, commit):
+    from controlplane.deployments.autoscale.service import deployment_autoscale
+
+    deployment, workers = fleet
+    stale = Deployment.objects.get(pk=deployment.pk)  # what the pass read
+    (serving,) = busy_workers(deployment)
+    beat(serving, at(5), waiting=40)
+    with commit():
+        services.deployment_update(deployment=deployment, replicas=3)  # the operator's PATCH lands meanwhile
+    decision = deployment_autoscale(deployment=stale, now=at(5))
+    assert decision.direction == "up" and decision.current == 1
+    assert Deployment.objects.get().desired_replicas == 3 and not autoscale_events()
+    assert AutoscalerState.objects.get().ups == 0
