@@ -102,3 +102,17 @@ def test_a_tenant_key_cannot_change_the_bounds(deployed, make_tenant):
                              HTTP_AUTHORIZATION=f"Bearer {created.secret}")
     assert refused.status_code in (401, 403)
     assert Deployment.objects.get().max_replicas == 4
+
+
+def test_the_deploy_command_sets_and_clears_the_bounds(sent, capsys):
+    from django.core.management import CommandError, call_command
+
+    call_command("deploy", "--model", "smollm2-135m-instruct", "--replicas", "1", "--min-replicas", "0",
+                 "--max-replicas", "3")
+    out = json.loads(capsys.readouterr().out)["deployment"]
+    assert (out["min_replicas"], out["max_replicas"], out["replicas"]) == (0, 3, 1)
+    with pytest.raises(CommandError, match="below min_replicas 2"):
+        call_command("deploy", "--model", "smollm2-135m-instruct", "--min-replicas", "2", "--max-replicas", "1")
+    call_command("deploy", "--model", "smollm2-135m-instruct", "--replicas", "5", "--max-replicas", "none")
+    out = json.loads(capsys.readouterr().out)["deployment"]
+    assert (out["max_replicas"], out["replicas"]) == (None, 5)

@@ -1,4 +1,4 @@
-"""`python manage.py deploy --model smollm2-135m-instruct --replicas 1 [--quantization awq]`
+"""`python manage.py deploy --model smollm2-135m-instruct --replicas 1 [--quantization awq] [--min-replicas 0 --max-replicas 4]`
 
 Creates the model entry if it is new (its source defaults to the name: a package alias), then
 creates the deployment or scales the existing one. `--wait N` waits up to N seconds for the
@@ -32,6 +32,8 @@ class Command(BaseCommand):
         parser.add_argument("--placement", help='JSON, e.g. {"accelerator": "H100"}')
         parser.add_argument("--engine-args", help='JSON, e.g. {"kv_cache_memory": "8GiB"}')
         parser.add_argument("--max-adapters", type=int, help="LoRA slots per replica (0: none)")
+        parser.add_argument("--min-replicas", type=int, help="autoscaling's floor (0: scale to zero when idle)")
+        parser.add_argument("--max-replicas", help="autoscaling's ceiling; 'none' turns autoscaling off")
         parser.add_argument("--wait", type=float, default=0, help="seconds to wait for every replica to be ready")
 
     def handle(self, *args, **opts):
@@ -41,6 +43,10 @@ class Command(BaseCommand):
                 "served_name": opts["served_name"], "placement": _json(opts["placement"], "--placement"),
                 "engine_args": _json(opts["engine_args"], "--engine-args"), "max_adapters": opts["max_adapters"],
             }.items() if value is not None}
+            if opts["min_replicas"] is not None:
+                fields["min_replicas"] = opts["min_replicas"]
+            if opts["max_replicas"] is not None:
+                fields["max_replicas"] = _bound(opts["max_replicas"])
             deployment, created = services.deployment_apply(
                 model=model, replicas=opts["replicas"], quantization=opts["quantization"], name=opts["name"],
                 **fields)
@@ -89,3 +95,12 @@ def _json(raw: str | None, flag: str):
         return json.loads(raw)
     except ValueError as exc:
         raise ApplicationError(f"{flag}: not JSON ({exc})", code="invalid_value") from None
+
+
+def _bound(value: str) -> int | None:
+    if value.strip().lower() == "none":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise CommandError(f"--max-replicas: an integer or 'none', got {value!r}") from None
