@@ -62,6 +62,7 @@ class Scheduler:
         # tenants' service counters: the order of a tier's waiting requests (None: FCFS within a tier)
         self.fair = VirtualTokenCounter(config.fair_share_input_weight, config.fair_share_output_weight) \
             if config.fair_share else None
+        self._fair_seen = -1  # requests the fair-share counter last observed (see _admit_waiting)
         self.num_preemptions = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
@@ -314,13 +315,20 @@ class Scheduler:
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float, rank) -> int:  # noqa: ANN001
         if not self.waiting:
-            if self.fair is not None:
-                self.fair.observe(self.running)  # tenants that left are noticed every step, as with a queue
+            # Tenants that left are noticed the step after, as with a queue. With nobody waiting, requests
+            # can only have left since the last observe (joining, or coming back from a preemption, goes
+            # through the queue, which observes): the same count is the same requests, and observing them
+            # again (~3 µs at batch 1, ~40 µs at 256 a step) changes nothing the next observe would not:
+            # counters only grow, so the floor it lifts to is the same.
+            if self.fair is not None and len(self.running) != self._fair_seen:
+                self.fair.observe(self.running)
+                self._fair_seen = len(self.running)
             return budget
         if self.fair is None:
             self.waiting.sort(key=rank)
         else:
             self.fair.observe(self.waiting + self.running)
+            self._fair_seen = len(self.waiting) + len(self.running)
             self.waiting[:] = self.fair.order(self.waiting, rank)
         loras = None if self.max_loras is None else AdapterAdmission(self.max_loras, self.running, self._lora_retiring,
                                                                      self.waiting)

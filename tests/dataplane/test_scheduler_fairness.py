@@ -7,7 +7,9 @@ import random
 import pytest
 
 from dataplane.config import SchedulerConfig
+from dataplane.request import RequestStatus
 from dataplane.scheduler.fairness import VirtualTokenCounter, assign_tenant
+from dataplane.scheduler.scheduler import Scheduler
 
 from .helpers import FakeClock, assert_no_leaks, make_request, make_scheduler, run_step
 
@@ -216,3 +218,45 @@ def test_one_steps_admissions_alternate_between_tenants():
     add(sched, clock, "b", 5)
     (_, new, _), = drive(sched, clock, steps=1)
     assert [rid.split("-")[0] for rid in new] == ["a", "b"] * 3
+
+
+
+class _ObservesEveryStep(Scheduler):
+    def _admit_waiting(self, out, budget, now, rank):  # noqa: ANN001, ANN202
+        if not self.waiting:
+            self.fair.observe(self.running)  # as the scheduler did before: every step (twice is once)
+        return super()._admit_waiting(out, budget, now, rank)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_observing_only_when_requests_left_changes_nothing(seed):
+    """With nobody waiting, the counter observes the running requests only when their count fell since it
+    last looked (scheduler._admit_waiting). A twin that observes every step, fed the same arrivals,
+    aborts and finishes of several tenants in lockstep, admits in the same order, and its counters and
+    active tenants, and its floor whenever an arrival reads it, are the same at every step."""
+    clock = FakeClock()
+    every, lazy = (make_scheduler(num_blocks=256, clock=clock, max_num_seqs=3, fair_share=True) for _ in range(2))
+    every.__class__ = _ObservesEveryStep
+    rng = random.Random(seed)
+    seen: dict[str, int] = {}
+    admitted = 0
+    for step in range(200):
+        if step < 160 and rng.random() < 0.12:
+            tenant, n = rng.choice("abcd"), rng.randint(1, 3)
+            for sched in (every, lazy):
+                add(sched, clock, tenant, n, start=seen.get(tenant, 0), max_tokens=4 + step % 7)
+            seen[tenant] = seen.get(tenant, 0) + n
+        if rng.random() < 0.05 and lazy.running:
+            victim = lazy.running[step % len(lazy.running)].request_id
+            for sched in (every, lazy):
+                sched.finish_requests([victim], RequestStatus.FINISHED_ABORTED)
+        waiting = bool(lazy.waiting)
+        outs = [run_step(sched)[0] for sched in (every, lazy)]
+        clock.now += 0.05
+        assert [r.request_id for r in outs[0].new_requests] == [r.request_id for r in outs[1].new_requests]
+        admitted += len(outs[1].new_requests)
+        assert (every.fair.counters, every.fair.active) == (lazy.fair.counters, lazy.fair.active), f"step {step}"
+        if waiting:
+            assert every.fair.floor == lazy.fair.floor, f"step {step}"
+    assert admitted > 20 and not lazy.has_unfinished()
+    assert_no_leaks(lazy)
