@@ -9,8 +9,8 @@ continuing request writes only the block it was handed (once every block_size to
 gathers every decode row's token, position, slot, block table and sampling parameters with a few
 numpy indexing operations.
 
-On CUDA the arrays that feed the device are numpy views of pinned host tensors, so the copy up is
-asynchronous (runner/staging.py).
+On CUDA a step's arrays go up through a pinned copy, asynchronously (model_runner._device,
+decode_graphs._up). A decode step that repeats is not rebuilt at all (runner/steady_decodes.py).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from dataplane.runner.input_batch import InputBatch
 from dataplane.runner.pooling import PoolSpan, pool
 from dataplane.runner.prompt_logprobs import prompt_logprobs
 from dataplane.runner.request_state import RunnerRequestState
+from dataplane.runner.steady_decodes import SteadyDecodes
 from dataplane.runner.step_inputs import StepInputs, build_step_inputs
 from dataplane.sampling.sampler import Sampler, SamplingBatch, SamplingRow, bias_entries
 from dataplane.sampling_params import SamplingParams
@@ -78,6 +79,9 @@ class ModelRunner:
         self.steps_reading_in_flight = 0  # launches whose inputs came from a step still in flight
         self.overlap = False  # the engine launches steps before the previous one's tokens are known
         self.graphs: DecodeGraphs | None = None  # decode-only steps from persistent buffers (use_graphs)
+        # The last plain decode step, advanced in place while the same requests decode (steady_decodes.py)
+        self.steady = SteadyDecodes(block_size, int32=model.use_kernels)
+        self._on_cpu = model.device.type == "cpu"  # step inputs are numpy views, not copies
 
     def use_graphs(self, mode: str, max_num_seqs: int) -> DecodeGraphs:
         """Run decode-only steps through DecodeGraphs ('cuda': captured graphs; 'padded': the same padded
@@ -104,6 +108,8 @@ class ModelRunner:
         self._num_host -= _needs_host(st.params)
 
     def _sync_states(self, out: SchedulerOutput) -> None:
+        if out.finished_request_ids or out.preempted_request_ids or out.new_requests:
+            self.steady.forget()
         for rid in out.finished_request_ids:
             self._drop(rid)
         for rid in out.preempted_request_ids:
@@ -121,6 +127,7 @@ class ModelRunner:
         for c in out.cached_requests:
             if c.new_block_ids:
                 batch.append_blocks(states[c.request_id].row, c.new_block_ids)
+                self.steady.blocks_changed()
 
     @property
     def structured(self) -> GrammarBackend | None:
@@ -150,18 +157,32 @@ class ModelRunner:
         """One step, its tokens on the host when it returns."""
         return self.finish(self.launch(out))
 
-    @torch.inference_mode()
     def launch(self, out: SchedulerOutput, prev: StepHandle | None = None) -> StepHandle:
         """Run a step up to its sampled tokens, left on the device (`finish` brings them to the host).
         `prev`: the step still in flight, whose sampled tokens are inputs of this one's decodes."""
+        if torch.is_inference_mode_enabled():  # the engine's thread runs in it (a context costs ~3 µs a step)
+            return self._launch(out, prev)
+        with torch.inference_mode():
+            return self._launch(out, prev)
+
+    def _launch(self, out: SchedulerOutput, prev: StepHandle | None) -> StepHandle:
         self._sync_states(out)
         result = ModelRunnerOutput()
         if out.is_empty:
             return StepHandle(result)
         sched = out.num_scheduled_tokens
         spec = out.spec_token_ids  # speculating requests: their last known token + drafts run as one chunk
-        step = build_step_inputs(self.batch, self.states, sched, spec, self.block_size,
-                                 sort_decodes=not self._one_decode_group)
+        # A kept decode step where attention takes every decode as one group in the scheduler's order
+        steady = not spec and self._one_decode_group
+        in_flight = prev is not None and prev.tokens is not None
+        step = self.steady.advance(self.batch, sched, in_flight) if steady else None
+        if step is None:
+            step = build_step_inputs(self.batch, self.states, sched, spec, self.block_size,
+                                     sort_decodes=not self._one_decode_group)
+            if steady:
+                self.steady.keep(step, self.batch)
+            else:  # a step the kept one did not follow (drafts move positions by more than one)
+                self.steady.forget()
         patch = self._pending_inputs(step, prev)
         sampled = step.sampled
         masks = self.masks.begin(sampled) if self._num_structured else None
@@ -189,10 +210,20 @@ class ModelRunner:
             return StepHandle(result)
         sampling = self._sampling_batch(step)
         tokens, raw = self.sampler.sample_tensor(logits, sampling, constrain)
-        if self.overlap:  # where the next step, launched before this one's tokens are known, finds them
+        # Where the next step, launched before this one's tokens are known, finds them (a kept step's rows
+        # sample in the same order every step: written when it was built)
+        if self.overlap and not (step is self.steady.step and self.steady.advanced):
             self.batch.pending_index[step.sampled_rows] = np.arange(len(sampled))
-        return StepHandle(result, sampled, [self.states[rid] for rid in sampled], step.sampled_rows, tokens, raw,
-                          sampling)
+        return StepHandle(result, sampled, self._launched_states(step), step.sampled_rows, tokens, raw, sampling)
+
+    def _launched_states(self, step: StepInputs) -> list[RunnerRequestState]:
+        """The sampled requests' states (finish skips a request whose state changed since): the kept decode
+        step's stay the same while it is kept."""
+        if step is not self.steady.step:
+            return [self.states[rid] for rid in step.sampled]
+        if self.steady.states is None:
+            self.steady.states = [self.states[rid] for rid in step.sampled]
+        return self.steady.states
 
     def finish(self, handle: StepHandle) -> ModelRunnerOutput:
         """The launched step's tokens to the host (its one device -> host copy) and into the requests."""
@@ -214,10 +245,23 @@ class ModelRunner:
         device = prev.tokens.device
         where = self.batch.pending_index[step.decode_rows[step.pending]]
         self.steps_reading_in_flight += 1
+        if step is self.steady.step:  # every row in flight, the same rows each step: one upload of them
+            if self.steady.pending is None:
+                self.steady.pending = _device(step.pending, device)
+            return self.steady.pending, prev.tokens[_device(where, device)]
         return _device(step.pending, device), prev.tokens[_device(where, device)]
 
     def _eager_logits(self, step: StepInputs, sched: dict[str, int], result: ModelRunnerOutput,
                       patch: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        if step is self.steady.step and self._on_cpu:  # its tensors are views of its arrays
+            cpu = self.steady.cpu_inputs(step, self.batch)
+            if patch is not None:  # ids of the step in flight (the host's are one token behind)
+                cpu.input_ids[patch[0]] = patch[1]
+            lora = None
+            if self.lora is not None and self._num_adapters:
+                lora = self.lora.prepare([(self.states[rid].adapter, 1) for rid in step.order], step.num_decodes)
+            hidden = self.model.hidden_states(cpu.input_ids, cpu.positions, cpu.meta, self.kv_caches, lora=lora)
+            return self.model.logits(hidden, cpu.logits_rows)
         device = self.model.device
         input_ids = _device(step.input_ids, device)
         if patch is not None:
@@ -266,6 +310,13 @@ class ModelRunner:
         """The sampled rows' parameters, gathered from the InputBatch: nothing for what no live request
         uses (the batch's counts say), and per-row Python only for rows that need their request
         (penalties, logit bias)."""
+        if step is self.steady.step:
+            if self.steady.sampling is None:
+                self.steady.sampling = self._gather_sampling(step)
+            return self.steady.sampling
+        return self._gather_sampling(step)
+
+    def _gather_sampling(self, step: StepInputs) -> SamplingBatch:
         b, rows = self.batch, step.sampled_rows
         if b.num_random:
             out = SamplingBatch(b.temperature[rows], b.top_k[rows], b.top_p[rows], b.min_p[rows])
@@ -329,7 +380,8 @@ class ModelRunner:
             return
         idx = sampled_rows if sampled_rows is not None and len(rows) == len(sampled) else np.asarray(rows)
         batch.last_token[idx] = kept
-        batch.num_tokens[idx] += 1
+        num_tokens = batch.num_tokens
+        num_tokens[idx] = num_tokens[idx] + 1  # not `+=` on the fancy index: ~0.5 µs less a step
 
     def _pool(self, hidden: torch.Tensor, spans: list[PoolSpan], result: ModelRunnerOutput) -> None:
         rows = torch.tensor([r for s in spans for r in s.rows], dtype=torch.long, device=hidden.device)
