@@ -58,9 +58,24 @@ def _check_quantizations(values: Any) -> list[str]:
     return sorted({quantization_normalize(v) for v in values}, key=Quantization.values.index)
 
 
+def _check_no_nul(value: Any, param: str) -> None:
+    """PostgreSQL's jsonb refuses a NUL character (a 400 from the database's error) and SQLite stores it: refuse it
+    here so both answer alike, and no worker or label match ever sees one."""
+    if isinstance(value, str) and "\x00" in value:
+        raise _invalid(f"{param}: the NUL character (\\u0000) is not allowed.", param)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_no_nul(key, param)
+            _check_no_nul(item, param)
+    elif isinstance(value, list):
+        for item in value:
+            _check_no_nul(item, param)
+
+
 def _check_placement(placement: Any) -> dict:
     if not isinstance(placement, dict):
         raise _invalid("placement: an object.", "placement")
+    _check_no_nul(placement, "placement")
     unknown = set(placement) - PLACEMENT_KEYS
     if unknown:
         raise _invalid(f"placement: unknown keys {sorted(unknown)} (use {sorted(PLACEMENT_KEYS)}).", "placement")
@@ -76,6 +91,7 @@ def _check_placement(placement: Any) -> dict:
 def _check_engine_args(engine_args: Any) -> dict:
     if not isinstance(engine_args, dict):
         raise _invalid("engine_args: an object.", "engine_args")
+    _check_no_nul(engine_args, "engine_args")
     unknown = set(engine_args) - ENGINE_ARGS
     if unknown:
         raise _invalid(f"engine_args: unknown keys {sorted(unknown)} (use {sorted(ENGINE_ARGS)}).", "engine_args")
