@@ -130,8 +130,7 @@ async def checked(principal: KeyPrincipal, raw: bytes, kind: str) -> tuple[parsi
     parsed = parsing.parse(raw, kind)
     registry = get_registry()
     await registry.ensure_polling()
-    target = registry.resolve(parsed.model)
-    authorize(principal, target)
+    authorize(principal, target := registry.resolve(parsed.model))
     await registry.cold_start(target)  # a deployment scaled to zero: 503 + Retry-After, and it wakes
     admission.check(registry, parsed.model, principal.limits.priority)  # overload: lowest tiers first
     return parsed, target
