@@ -92,8 +92,15 @@ def test_beat_schedules_the_reconciler_and_billing_sweepers():
     schedule = {entry["task"]: entry["schedule"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
     assert set(schedule) == {"deployments.reconcile", "billing.stripe_report_pending", "billing.stripe_sync_pending",
                              "billing.usage_daily_rollup", "billing.invoices_build_month", "gateway.usage_sweep",
-                             "audit.prune", "batches.resume", "gateway.responses_prune"}
+                             "audit.prune", "batches.resume", "gateway.responses_prune",
+                             "billing.replica_spans_observe", "billing.cost_hours_rebuild"}
     assert schedule["gateway.usage_sweep"] == schedule["batches.resume"] == 60
+    # unit economics: serving time sampled every minute; costs rebuilt for the last hours every 15
+    # minutes and for two days once a day
+    beat = settings.CELERY_BEAT_SCHEDULE
+    assert schedule["billing.replica_spans_observe"] == 60
+    assert beat["billing-cost-hours-rebuild"]["schedule"] == 900
+    assert beat["billing-cost-hours-rebuild-daily"]["kwargs"] == {"hours": 48}
     assert schedule["gateway.responses_prune"] == 3600
     assert schedule["billing.stripe_report_pending"] == schedule["billing.stripe_sync_pending"] == 60
     assert schedule["billing.usage_daily_rollup"] == 900 and schedule["deployments.reconcile"] <= 10
