@@ -2,8 +2,9 @@
 
 The whole batch is sampled with a few tensor ops on the logits' device, whatever mix of parameters
 its rows carry (`SamplingBatch`: one array per parameter, a value per row, decided on the host with
-numpy so no decision waits for the device); the only per-row Python left is for rows that ask for
-something only they need (penalties, logit bias, logprobs' results). Rows with a top-k draw among
+numpy so no decision waits for the device, once per batch: sampling/plan.py); the only per-row Python
+left is for rows that ask for something only they need (penalties, logit bias, logprobs' results).
+Rows with a top-k draw among
 their top-k candidates only (one `topk` instead of a sort of the vocabulary), with top-p and min-p
 applied to those candidates exactly as over the whole vocabulary. The tokens come back to the host in
 one copy.
@@ -23,6 +24,7 @@ import torch
 
 from dataplane.sampling.noise import seeded_noise, seeded_noise_at
 from dataplane.sampling.penalties import apply_penalties
+from dataplane.sampling.plan import DrawPlan, up
 from dataplane.sampling.rows import SamplingRow
 from dataplane.scheduler.output import TokenLogprobs
 
@@ -44,6 +46,7 @@ class SamplingBatch:
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     penalties: list[tuple[int, SamplingRow]] | None = None  # rows with penalties and their tokens
     all_greedy: bool = False  # every row greedy and nothing else asked: argmax alone
+    plan: DrawPlan | None = None  # the draw's host decisions, made at its first draw (sampling/plan.py)
 
     @staticmethod
     def from_rows(rows: list[SamplingRow]) -> SamplingBatch:
@@ -77,16 +80,6 @@ def bias_entries(biased: list[tuple[int, dict[int, float]]]) -> tuple[torch.Tens
             torch.tensor(values, dtype=torch.float32))
 
 
-# Rows whose top_k is at most this draw among their top_k candidates (one topk); larger ones, and rows
-# without a top_k, sort the vocabulary when they have a top_p.
-TOPK_CANDIDATES = 1024
-
-
-def _up(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(a))
-    return t if device.type == "cpu" else t.pin_memory().to(device, non_blocking=True)
-
-
 class Sampler:
     def __init__(self, seed: int = 0, device: torch.device | str = "cpu") -> None:
         self.generator = torch.Generator(device=device)
@@ -116,7 +109,7 @@ class Sampler:
         device = logits.device
         raw = None
         if batch.logprobs:
-            raw = torch.log_softmax(logits[_up(np.array([i for i, _ in batch.logprobs]), device)], dim=-1)
+            raw = torch.log_softmax(logits[up(np.array([i for i, _ in batch.logprobs]), device)], dim=-1)
         if batch.all_greedy and constrain is None:
             return logits.argmax(dim=-1), raw
         if batch.bias is not None or constrain is not None or batch.penalties:
@@ -128,70 +121,73 @@ class Sampler:
             constrain(logits)
         if batch.penalties:
             apply_penalties(logits, batch.penalties, logits.shape[1])
-        random = np.flatnonzero(batch.temperature > 0)  # decided on the host: no sync with the device
-        if batch.all_greedy or not len(random):
+        if batch.all_greedy:
             return logits.argmax(dim=-1), raw
-        every = len(random) == len(batch.temperature)
-        pick = (lambda a: a) if every else (lambda a: a[random])
-        on = None if every else _up(random, device)
-        scaled = (logits if every else logits[on]) / _up(pick(batch.temperature), device)[:, None]
-        drawn = self._draw(scaled, *(None if a is None else pick(a) for a in
-                                     (batch.top_k, batch.top_p, batch.min_p, batch.seeds, batch.output_index)))
-        if every:
+        plan = batch.plan
+        if plan is None:  # decided on the host, once per batch: no sync with the device
+            plan = batch.plan = DrawPlan.of(batch, logits.shape[1])
+        if not len(plan.random):
+            return logits.argmax(dim=-1), raw
+        on = None if plan.every else plan.on("on", device, plan.random)
+        temperature = plan.on("temperature", device, batch.temperature[plan.random])
+        scaled = (logits if plan.every else logits[on]) / temperature[:, None]
+        drawn = self._draw(scaled, plan, batch.output_index)
+        if plan.every:
             return drawn, raw
         tokens = logits.argmax(dim=-1)
         tokens[on] = drawn
         return tokens, raw
 
-    def _draw(self, scaled: torch.Tensor, top_k: np.ndarray | None, top_p: np.ndarray | None,
-              min_p: np.ndarray | None, seeds: np.ndarray | None, index: np.ndarray | None) -> torch.Tensor:
+    def _seeded_inputs(self, plan: DrawPlan, index: np.ndarray | None, device: torch.device):  # noqa: ANN202
+        """(seeded rows, their seeds, their output indices) on the device; the indices move every step."""
+        at = index if plan.every else index[plan.random]
+        return (plan.on("seeded", device, plan.seeded), plan.on("seeds", device, plan.seeds[plan.seeded]),
+                up(at[plan.seeded], device))
+
+    def _draw(self, scaled: torch.Tensor, plan: DrawPlan, index: np.ndarray | None) -> torch.Tensor:
         """One draw per row of temperature-scaled logits under top-k / top-p / min-p and seeds."""
         device, vocab = scaled.device, scaled.shape[1]
-        top_k = top_k if top_k is not None and top_k.any() else None
-        top_p = top_p if top_p is not None and (top_p < 1.0).any() else None
-        min_p = min_p if min_p is not None and min_p.any() else None
-        seeded = np.flatnonzero(seeds >= 0) if seeds is not None else []
-        if top_k is not None and top_k.all() and top_k.max() <= TOPK_CANDIDATES:
-            return self._draw_candidates(scaled, top_k, top_p, min_p, seeds, index, seeded)
-        if top_k is not None or top_p is not None:
-            scaled = _top_k_top_p(scaled, None if top_k is None else _up(top_k, device),
-                                  None if top_p is None else _up(top_p, device))
+        if plan.candidates:
+            return self._draw_candidates(scaled, plan, index)
+        if plan.top_k is not None or plan.top_p is not None:
+            scaled = _top_k_top_p(scaled, None if plan.top_k is None else plan.on("top_k", device, plan.top_k),
+                                  None if plan.top_p is None else plan.on("top_p", device, plan.top_p))
         probs = torch.softmax(scaled, dim=-1)
-        if min_p is not None:
-            floor = probs.max(dim=-1, keepdim=True).values * _up(min_p, device)[:, None]
+        if plan.min_p is not None:
+            floor = probs.max(dim=-1, keepdim=True).values * plan.on("min_p", device, plan.min_p)[:, None]
             probs = torch.where(probs < floor, torch.zeros_like(probs), probs)
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
-        if len(seeded):
-            noise[_up(seeded, device)] = seeded_noise(_up(seeds[seeded], device), _up(index[seeded], device), vocab)
+        if len(plan.seeded):
+            rows, seeds, at = self._seeded_inputs(plan, index, device)
+            noise[rows] = seeded_noise(seeds, at, vocab)
         return (probs / noise).argmax(dim=-1)
 
-    def _draw_candidates(self, scaled: torch.Tensor, top_k: np.ndarray, top_p: np.ndarray | None,
-                         min_p: np.ndarray | None, seeds: np.ndarray | None, index: np.ndarray | None,
-                         seeded: np.ndarray) -> torch.Tensor:
+    def _draw_candidates(self, scaled: torch.Tensor, plan: DrawPlan, index: np.ndarray | None) -> torch.Tensor:
         """_draw for rows that all have a small top_k: among the top-k candidates (sorted, from one topk),
         top-p's mass measured over the whole vocabulary and min-p against the best candidate, as the
         full-vocabulary path does; the noise drawn (or hashed, for seeds) at the candidates only."""
-        device = scaled.device
-        k = int(min(top_k.max(), scaled.shape[1]))
+        device, k = scaled.device, plan.k
         values, ids = scaled.topk(k, dim=-1)  # sorted, best first
+        best = values[:, :1]
+        weights = torch.exp(values - best)
         drop = None
-        if (top_k < k).any():
-            drop = torch.arange(k, device=device)[None, :] >= _up(top_k, device)[:, None]
-        if top_p is not None:
-            probs = torch.exp(values - torch.logsumexp(scaled, dim=-1, keepdim=True))
-            over = (probs.cumsum(dim=-1) - probs) >= _up(top_p, device)[:, None]  # the mass before reaches top_p
-            over[:, 0] = False
+        if plan.ragged_k:
+            drop = torch.arange(k, device=device)[None, :] >= plan.on("top_k", device, plan.top_k)[:, None]
+        if plan.top_p is not None:
+            # each candidate's share of the whole vocabulary's mass (exp relative to the best: no overflow)
+            probs = weights / torch.exp(scaled - best).sum(dim=-1, keepdim=True)
+            # the mass before a candidate reaches top_p; before the best it is 0 < top_p, so the best stays
+            over = (probs.cumsum(dim=-1) - probs) >= plan.on("top_p", device, plan.top_p)[:, None]
             drop = over if drop is None else drop | over
-        if min_p is not None:
-            low = values < values[:, :1] + torch.log(_up(min_p, device))[:, None]
+        if plan.min_p is not None:
+            low = values < best + torch.log(plan.on("min_p", device, plan.min_p))[:, None]
             drop = low if drop is None else drop | low
-        weights = torch.exp(values - values[:, :1])
         if drop is not None:
             weights = weights.masked_fill(drop, 0.0)
         noise = torch.empty_like(weights).exponential_(generator=self.generator)
-        if len(seeded):
-            rows = _up(seeded, device)
-            noise[rows] = seeded_noise_at(_up(seeds[seeded], device), _up(index[seeded], device), ids[rows])
+        if len(plan.seeded):
+            rows, seeds, at = self._seeded_inputs(plan, index, device)
+            noise[rows] = seeded_noise_at(seeds, at, ids[rows])
         choice = (weights / noise).argmax(dim=-1, keepdim=True)
         return ids.gather(1, choice).squeeze(1)
 

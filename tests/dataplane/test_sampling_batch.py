@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from dataplane.sampling import sampler as sampler_mod
+from dataplane.sampling import plan as plan_mod
 from dataplane.sampling.noise import seeded_noise, seeded_noise_at
 from dataplane.sampling.sampler import Sampler, SamplingBatch, SamplingRow
 from dataplane.sampling_params import SamplingParams
@@ -41,10 +41,40 @@ def test_candidate_path_draws_what_the_whole_vocabulary_draws(monkeypatch, scale
         batch = _batch(6, top_k=top_k, top_p=top_p, min_p=min_p, seeded=True)
         batch.output_index = batch.output_index + trial
         fast, _ = Sampler(seed=1).sample_tensor(logits, batch)
-        monkeypatch.setattr(sampler_mod, "TOPK_CANDIDATES", 0)  # forces the sort of the whole vocabulary
+        assert batch.plan.candidates
+        batch = _batch(6, top_k=top_k, top_p=top_p, min_p=min_p, seeded=True)  # a plan is made once per batch
+        batch.output_index = batch.output_index + trial
+        monkeypatch.setattr(plan_mod, "TOPK_CANDIDATES", 0)  # forces the sort of the whole vocabulary
         full, _ = Sampler(seed=1).sample_tensor(logits, batch)
-        monkeypatch.setattr(sampler_mod, "TOPK_CANDIDATES", 1024)
+        monkeypatch.setattr(plan_mod, "TOPK_CANDIDATES", 1024)
+        assert not batch.plan.candidates
         assert fast.tolist() == full.tolist()
+
+
+@pytest.mark.parametrize("top_k", [[40] * 6, None])
+def test_a_batch_kept_across_steps_draws_what_fresh_batches_draw(top_k):
+    """The runner keeps a decode step's SamplingBatch (and its plan, parameters on the device) from step
+    to step, moving the seeded rows' output indices in place: each step draws what a batch built for it
+    draws. Half the rows seeded, one greedy."""
+    torch.manual_seed(3)
+    logits = torch.randn(6, 300) * 2.0
+
+    def batch():
+        b = _batch(6, top_k=top_k, top_p=[0.9] * 6, min_p=None, seeded=True)
+        b.temperature[2] = 0.0
+        b.seeds[1::2] = -1
+        return b
+
+    kept = batch()
+    kept_sampler, fresh_sampler = Sampler(seed=4), Sampler(seed=4)
+    for step in range(6):
+        np.add(kept.output_index, 1 if step else 0, out=kept.output_index)  # as SteadyDecodes.advance does
+        got, _ = kept_sampler.sample_tensor(logits, kept)
+        fresh = batch()
+        fresh.output_index = fresh.output_index + step
+        want, _ = fresh_sampler.sample_tensor(logits, fresh)
+        assert got.tolist() == want.tolist(), step
+    assert kept.plan is not None and len(kept.plan.seeded) == 2
 
 
 def test_candidate_path_keeps_the_distribution():
