@@ -22,7 +22,7 @@ from django.core.management import call_command
 
 from .live import MODEL, Stack, operator_client, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.redis]
+pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 BROKER = os.environ.get("TESSERA_TEST_BROKER_URL", "redis://127.0.0.1:6379/11")
 
