@@ -15,6 +15,7 @@ from dataplane.config import CacheConfig, ModelConfig, SchedulerConfig
 from dataplane.engine.async_llm import AsyncLLM
 from dataplane.structured.params import StructuredOutputs
 from tests.dataplane.quant.tiny import loaded, tiny_args, tiny_tensors
+from tests.dataplane.same_outputs import assert_same_outputs, mixed_params
 
 SHARED = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]  # a prefix several prompts share (2.5 blocks of 4)
 
@@ -34,31 +35,9 @@ def _llm(model, overlap: bool, **kw) -> LLM:
 def _workload():
     prompts, params = [], []
     for i in range(10):
-        prompt = (SHARED if i % 3 == 0 else []) + [2 + (5 * i + 3 * j) % 90 for j in range(2 + 3 * i)]
-        prompts.append(prompt)
-        if i % 4 == 0:
-            params.append(SamplingParams(max_tokens=4 + 3 * i, temperature=0.0, logprobs=2))  # EOS may end it
-        elif i % 4 == 1:
-            params.append(SamplingParams(max_tokens=6 + i, temperature=0.8, top_p=0.9, seed=i, ignore_eos=True,
-                                         logprobs=0))
-        elif i % 4 == 2:
-            params.append(SamplingParams(max_tokens=3 + 2 * i, temperature=1.0, top_k=8, seed=40 + i,
-                                         stop_token_ids=[7, 9]))
-        else:
-            params.append(SamplingParams(max_tokens=5 + i, temperature=0.0, ignore_eos=True, n=2))
+        prompts.append((SHARED if i % 3 == 0 else []) + [2 + (5 * i + 3 * j) % 90 for j in range(2 + 3 * i)])
+        params.append(mixed_params(i, (4 + 3 * i, 6 + i, 3 + 2 * i, 5 + i)[i % 4]))
     return prompts, params
-
-
-def _same(a, b) -> None:
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        assert x.num_cached_tokens == y.num_cached_tokens
-        for cx, cy in zip(x.outputs, y.outputs, strict=True):
-            assert (cy.token_ids, cy.finish_reason, cy.stop_reason, cy.text) == \
-                (cx.token_ids, cx.finish_reason, cx.stop_reason, cx.text)
-            if cx.logprobs is not None:
-                for lx, ly in zip(cx.logprobs, cy.logprobs, strict=True):
-                    assert ly.token_id == lx.token_id and ly.logprob == pytest.approx(lx.logprob, abs=1e-6)
 
 
 def test_overlap_gives_the_synchronous_outputs(tiny):
@@ -68,7 +47,7 @@ def test_overlap_gives_the_synchronous_outputs(tiny):
     assert overlapped.core.overlap and not sync.core.overlap
     want = sync.generate(prompts, params)
     got = overlapped.generate(prompts, params)
-    _same(want, got)
+    assert_same_outputs(want, got)
     assert overlapped.core.runner.steps_reading_in_flight > 20 and sync.core.runner.steps_reading_in_flight == 0
     s, o = sync.core.scheduler, overlapped.core.scheduler
     assert (o.generation_tokens, o.prompt_tokens) == (s.generation_tokens, s.prompt_tokens)  # usage counted alike
@@ -100,7 +79,7 @@ def test_a_request_that_needs_the_host_makes_the_steps_synchronous(tiny):
     want = _llm(tiny, False).generate(prompts, params)
     overlapped = _llm(tiny, True)
     got = overlapped.generate(prompts, params)
-    _same(want, got)
+    assert_same_outputs(want, got)
     assert got[-2].outputs[0].text in ("w3 w4", "w5")
     # While those two ran every step was synchronous; the others' later steps overlapped.
     assert overlapped.core.runner.steps_reading_in_flight > 0

@@ -10,6 +10,7 @@ import pytest
 
 from dataplane import LLM, SamplingParams
 from tests.dataplane.quant.tiny import loaded, tiny_args, tiny_tensors
+from tests.dataplane.same_outputs import assert_same_outputs, mixed_params
 
 
 @pytest.fixture(scope="module")
@@ -30,31 +31,11 @@ def _llm(model, kept: bool, **kw) -> LLM:
 def _workload():
     """Prompts of different lengths (their rows cross block boundaries at different steps), long decodes,
     greedy with logprobs, seeded top-p and top-k draws, stop tokens, n=2."""
-    prompts, params = [], []
-    for i in range(8):
-        prompts.append([2 + (5 * i + 3 * j) % 90 for j in range(3 + 2 * i)])
-        if i % 4 == 0:
-            params.append(SamplingParams(max_tokens=30 + i, temperature=0.0, logprobs=2, ignore_eos=True))
-        elif i % 4 == 1:
-            params.append(SamplingParams(max_tokens=25 + i, temperature=0.8, top_p=0.9, seed=i, ignore_eos=True,
-                                         logprobs=0))
-        elif i % 4 == 2:
-            params.append(SamplingParams(max_tokens=20 + 2 * i, temperature=1.0, top_k=8, seed=40 + i,
-                                         stop_token_ids=[7, 9]))
-        else:
-            params.append(SamplingParams(max_tokens=18 + i, temperature=0.0, ignore_eos=True, n=2))
+    prompts = [[2 + (5 * i + 3 * j) % 90 for j in range(3 + 2 * i)] for i in range(8)]
+    params = [mixed_params(i, (30 + i, 25 + i, 20 + 2 * i, 18 + i)[i % 4]) for i in range(8)]
+    for p in params[::4]:
+        p.ignore_eos = True  # the greedy ones run to their length
     return prompts, params
-
-
-def _same(a, b) -> None:
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        for cx, cy in zip(x.outputs, y.outputs, strict=True):
-            assert (cy.token_ids, cy.finish_reason, cy.stop_reason) == (cx.token_ids, cx.finish_reason, cx.stop_reason)
-            if cx.logprobs is not None:
-                for lx, ly in zip(cx.logprobs, cy.logprobs, strict=True):
-                    assert ly.token_id == lx.token_id and ly.logprob == pytest.approx(lx.logprob, abs=1e-6)
-                    assert [t for t, _ in ly.top] == [t for t, _ in lx.top]
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -64,7 +45,7 @@ def test_the_kept_step_gives_the_rebuilt_outputs(tiny, overlap):
     want = _llm(tiny, kept=False).generate(prompts, params)
     llm = _llm(tiny, kept=True, async_scheduling=overlap)
     got = llm.generate(prompts, params)
-    _same(want, got)
+    assert_same_outputs(want, got, text=False)
     assert llm.core.overlap == overlap
     if overlap:
         assert llm.core.runner.steps_reading_in_flight > 20
@@ -106,7 +87,7 @@ def test_under_preemption(tiny, overlap):
     llm = _llm(tiny, True, async_scheduling=overlap, **small)
     got = llm.generate(prompts, params)
     assert llm.core.scheduler.num_preemptions > 0
-    _same(want, got)
+    assert_same_outputs(want, got, text=False)
     assert llm.core.runner.steady.reused > 0
     assert llm.core.scheduler.kv.pool.num_free == llm.core.scheduler.kv.num_blocks
 
@@ -181,5 +162,5 @@ def test_steps_with_drafts_between_kept_ones(tiny):
     want = _llm(tiny, False, **kw).generate(prompts, params)
     llm = _llm(tiny, True, **kw)
     got = llm.generate(prompts, params)
-    _same(want, got)
+    assert_same_outputs(want, got, text=False)
     assert llm.core.stats().spec_num_drafts > 0 and llm.core.runner.steady.reused > 0
