@@ -11,6 +11,7 @@ from django.db.models import Count, Sum
 from billing import cost_admin, services  # noqa: F401  (cost_admin registers the cost of serving's pages)
 from billing.errors import BillingError
 from billing.models import Invoice, InvoiceLine, Price, StripeCustomer, StripeEvent, UsageDaily, UsageRecord
+from billing.readonly_admin import ReadOnlyAdmin
 from billing.services.prices import price_window_check
 
 
@@ -27,17 +28,6 @@ class TotalsMixin:
             values = context["cl"].queryset.order_by().aggregate(**self.totals)
             context["billing_totals"] = [(name.replace("_", " "), values[name]) for name in self.totals]
         return response
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 class PriceForm(forms.ModelForm):

@@ -12,19 +12,9 @@ from billing.costs.charts import month_charts
 from billing.costs.months import month_range
 from billing.errors import BillingError
 from billing.models import ReplicaHourCost, ReplicaSpan, RequestCost, WorkerClassRate
+from billing.readonly_admin import ReadOnlyAdmin
 from billing.services import worker_rate_create
 from billing.services.worker_rates import worker_rate_check, worker_rate_window_check
-
-
-class _ReadOnly(admin.ModelAdmin):
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 class WorkerClassRateForm(forms.ModelForm):
@@ -69,14 +59,14 @@ class WorkerClassRateAdmin(admin.ModelAdmin):
 
 
 @admin.register(ReplicaSpan)
-class ReplicaSpanAdmin(_ReadOnly):
+class ReplicaSpanAdmin(ReadOnlyAdmin):
     list_display = ["deployment", "worker", "worker_class", "started_at", "last_seen_at"]
     list_filter = ["worker_class", "deployment"]
     date_hierarchy = "started_at"
 
 
 @admin.register(ReplicaHourCost)
-class ReplicaHourCostAdmin(_ReadOnly):
+class ReplicaHourCostAdmin(ReadOnlyAdmin):
     change_list_template = "admin/billing/replicahourcost/change_list.html"
     list_display = ["hour", "deployment", "worker_class", "up_seconds", "busy_seconds", "requests", "total_cost",
                     "attributed_cost", "idle_cost", "currency", "unrated"]
@@ -107,7 +97,7 @@ class ReplicaHourCostAdmin(_ReadOnly):
 
 
 @admin.register(RequestCost)
-class RequestCostAdmin(_ReadOnly):
+class RequestCostAdmin(ReadOnlyAdmin):
     list_display = ["hour", "usage", "tenant", "model", "adapter", "tier", "kind", "deployment", "worker_class",
                     "cost", "currency"]
     list_filter = ["kind", "worker_class", "deployment", "tier", "currency"]

@@ -7,6 +7,7 @@ from datetime import UTC, date, datetime, time
 from django.core.management.base import BaseCommand, CommandError
 
 from billing import exports
+from billing.management.export_out import write_export
 from billing.services.invoices import month_bounds
 from tenants.models import Tenant
 
@@ -37,23 +38,4 @@ class Command(BaseCommand):
             end=datetime.combine(period_end, time.min, tzinfo=UTC),
             tenant_id=tenant_id,
         )
-        if format == "csv":
-            chunks = exports.csv_stream(exports.USAGE_COLUMNS, rows)
-            if out:
-                with open(out, "w", newline="", encoding="utf-8") as target:
-                    target.writelines(chunks)
-            else:
-                for chunk in chunks:
-                    self.stdout.write(chunk, ending="")
-            return
-        chunks = exports.parquet_stream(exports.USAGE_COLUMNS, rows)
-        if out:
-            with open(out, "wb") as target:
-                target.writelines(chunks)
-            return
-        stream = self.stdout._out
-        if stream.isatty():
-            raise CommandError("refusing to write Parquet to a terminal; use --out FILE or a pipe")
-        binary = getattr(stream, "buffer", stream)
-        binary.writelines(chunks)
-        binary.flush()
+        write_export(self, exports.USAGE_COLUMNS, rows, file_format=format, out=out)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from billing import exports
 from billing.costs.export import VIEWS, report_rows
 from billing.costs.months import month_range
 from billing.costs.report import PERIODS, unit_economics
+from billing.management.export_out import write_export
 from billing.services import cost_hours_rebuild
 
 
@@ -43,20 +43,7 @@ class Command(BaseCommand):
         if format == "table":
             self._table(report)
             return
-        columns = VIEWS[view]
-        if format == "csv":
-            chunks = exports.csv_stream(columns, report_rows(report, view))
-            if out:
-                with open(out, "w", newline="", encoding="utf-8") as target:
-                    target.writelines(chunks)
-            else:
-                for chunk in chunks:
-                    self.stdout.write(chunk, ending="")
-            return
-        if not out:
-            raise CommandError("--format parquet needs --out FILE")
-        with open(out, "wb") as target:
-            target.writelines(exports.parquet_stream(columns, report_rows(report, view)))
+        write_export(self, VIEWS[view], report_rows(report, view), file_format=format, out=out)
 
     def _table(self, report) -> None:
         w = self.stdout.write
