@@ -59,7 +59,7 @@ USAGE_COLUMNS = [
     ("amount", "amount", _AMOUNT),
     ("invoice_number", "invoice__number", pa.string()),
     ("batch_id", "batch_id", pa.string()),  # the /v1/batches batch a request was a line of ("" online)
-    # What serving it cost (billing/costs/, docs/billing.md "Unit economics"): empty until its hour is rebuilt.
+    # What serving it cost (billing/costs/, docs/economics.md): empty until its hour is rebuilt.
     ("worker_url", "worker_url", pa.string()),
     ("deployment", "cost__deployment", pa.string()),
     ("worker_class", "cost__worker_class", pa.string()),

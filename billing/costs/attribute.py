@@ -8,7 +8,7 @@ tokens are not computed by the engine (prefix cache) and weigh nothing. The hour
 their work did not fill of the replica's time is idle. When the work adds up to more than the time
 (the speeds are set too low for this load) the requests share the whole hour and idle is zero.
 
-docs/billing.md ("Unit economics") says why this model and not measured step time.
+docs/economics.md says why this model and not measured step time.
 """
 
 from __future__ import annotations

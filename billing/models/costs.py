@@ -1,5 +1,5 @@
 """What serving cost: an hourly rate per worker class, replicas' serving time, and that time's cost per
-hour split between the requests served and idle (docs/billing.md, "Unit economics").
+hour split between the requests served and idle (docs/economics.md).
 
 Rates are a book like prices: rows are added, never edited, each one closing the open row of its
 class. Spans and costs are derived data: `replica_spans_observe` samples the deployments' ready

@@ -143,7 +143,7 @@ CELERY_BEAT_SCHEDULE = {
     "billing-stripe-report-pending": {"task": "billing.stripe_report_pending", "schedule": 60.0},
     "billing-stripe-sync-pending": {"task": "billing.stripe_sync_pending", "schedule": 60.0},
     "billing-usage-daily-rollup": {"task": "billing.usage_daily_rollup", "schedule": 15 * 60.0},
-    # Unit economics (docs/billing.md): replicas' serving time sampled every minute, costs rebuilt hourly-ish.
+    # Unit economics (docs/economics.md): replicas' serving time sampled every minute, costs rebuilt hourly-ish.
     "billing-replica-spans-observe": {"task": "billing.replica_spans_observe", "schedule": 60.0,
                                       "options": {"expires": 120.0}},
     "billing-cost-hours-rebuild": {"task": "billing.cost_hours_rebuild", "schedule": 15 * 60.0},
