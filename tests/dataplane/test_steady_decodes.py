@@ -164,3 +164,15 @@ def test_steps_with_drafts_between_kept_ones(tiny):
     got = llm.generate(prompts, params)
     assert_same_outputs(want, got, text=False)
     assert llm.core.stats().spec_num_drafts > 0 and llm.core.runner.steady.reused > 0
+
+
+def test_the_gpu_default_path_padded_graph_steps_overlapped(tiny):
+    """A GPU worker's default: decode steps from the graph buffers (here `padded`: the same padded step,
+    eagerly) with overlapped scheduling. Kept steps there give the rebuilt outputs too."""
+    prompts, params = _workload()
+    want = _llm(tiny, False).generate(prompts, params)
+    llm = _llm(tiny, True, cuda_graphs="padded", async_scheduling=True)
+    got = llm.generate(prompts, params)
+    assert_same_outputs(want, got, text=False)
+    runner = llm.core.runner
+    assert runner.graphs.stats.replays > 20 and runner.steady.reused > 20 and runner.steps_reading_in_flight > 20
