@@ -11,13 +11,10 @@ plan and the parameters already on the device. Only the seeded rows' output indi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import torch
-
-if TYPE_CHECKING:
-    from dataplane.sampling.sampler import SamplingBatch
 
 # Rows whose top_k is at most this draw among their top_k candidates (one topk); larger ones, and rows
 # without a top_k, sort the vocabulary when they have a top_p.
@@ -45,7 +42,7 @@ class DrawPlan:
     _device: dict[str, torch.Tensor] = field(default_factory=dict)  # uploads of the constant arrays
 
     @staticmethod
-    def of(batch: SamplingBatch, vocab: int) -> DrawPlan:
+    def of(batch: Any, vocab: int) -> DrawPlan:  # noqa: ANN401 - a SamplingBatch (sampler.py imports this module)
         random = np.flatnonzero(batch.temperature > 0)
         every = len(random) == len(batch.temperature)
 
