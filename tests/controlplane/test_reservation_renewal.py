@@ -53,5 +53,8 @@ async def test_a_stream_longer_than_the_ttl_keeps_its_seat(backend, request, gat
     assert (await post(secret, SHORT)).status == 200  # the seat came back when the stream ended
     await drain()
     await asyncio.sleep(0.05)
-    renewing = [t for t in asyncio.all_tasks() if t.get_name() == "reservation-renewal" and not t.done()]
-    assert renewing == []  # nothing in flight: no timer left behind
+    # Nothing in flight: no timer left behind. A renewal whose cancel is requested but has not run yet (a
+    # loaded host: seen in CI after 50 ms) is going; one nobody cancelled would sleep on to its next tick.
+    renewing = [t for t in asyncio.all_tasks()
+                if t.get_name() == "reservation-renewal" and not t.done() and not t.cancelling()]
+    assert renewing == []
