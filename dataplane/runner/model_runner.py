@@ -160,7 +160,7 @@ class ModelRunner:
     def launch(self, out: SchedulerOutput, prev: StepHandle | None = None) -> StepHandle:
         """Run a step up to its sampled tokens, left on the device (`finish` brings them to the host).
         `prev`: the step still in flight, whose sampled tokens are inputs of this one's decodes."""
-        if torch.is_inference_mode_enabled():  # the engine's thread runs in it (a context costs ~3 µs a step)
+        if torch.is_inference_mode_enabled():  # the caller runs in it: a nested context costs ~1.5 µs a step
             return self._launch(out, prev)
         with torch.inference_mode():
             return self._launch(out, prev)
