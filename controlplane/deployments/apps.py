@@ -10,10 +10,8 @@ class DeploymentsConfig(AppConfig):
         from controlplane.gateway.workers import install_registry
 
         from . import metrics
-        from .autoscale import metrics as autoscaler_metrics
         from .routing import DeploymentRegistry
 
-        metrics.register()
-        autoscaler_metrics.register()
+        metrics.register()  # the reconciler's and the autoscaler's series
         # The gateway owns the registry interface; this app provides the database-backed implementation.
         install_registry(DeploymentRegistry)

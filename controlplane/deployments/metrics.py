@@ -47,10 +47,14 @@ _registered = False
 
 
 def register() -> None:
-    """Add the gauges to the control plane's /metrics registry once per process."""
+    """Add the reconciler's and the autoscaler's series to the control plane's /metrics registry once per
+    process."""
     global _registered
     if not _registered:
         from controlplane.slo.metrics import REGISTRY
 
+        from .autoscale.metrics import AUTOSCALER_COLLECTOR
+
         REGISTRY.register(RECONCILER_COLLECTOR)
+        REGISTRY.register(AUTOSCALER_COLLECTOR)
         _registered = True

@@ -75,15 +75,4 @@ class AutoscalerCollector(Collector):
         yield from (desired, low, high, recommended, signal, state, decisions)
 
 
-AUTOSCALER_COLLECTOR = AutoscalerCollector()
-_registered = False
-
-
-def register() -> None:
-    """Add the series to the control plane's /metrics registry once per process."""
-    global _registered
-    if not _registered:
-        from controlplane.slo.metrics import REGISTRY
-
-        REGISTRY.register(AUTOSCALER_COLLECTOR)
-        _registered = True
+AUTOSCALER_COLLECTOR = AutoscalerCollector()  # registered with the reconciler's (deployments/metrics.py)
