@@ -80,3 +80,36 @@ def adapter_root(settings, tmp_path):
     root.mkdir()
     settings.TESSERA_ADAPTER_ROOT = str(root)
     return root
+
+
+@pytest.fixture(scope="module")
+def live_test_database(django_db_setup, django_db_blocker):
+    """The test database for a module of live processes (its `stack` asks for this).
+
+    pytest-django creates the test database only when a collected test carries a `django_db` mark;
+    a live module run alone has none (see `live_database`), so the database is created here then and
+    dropped when the module ends."""
+    from django.db import connection
+    from django.test.utils import setup_databases, teardown_databases
+
+    with django_db_blocker.unblock():
+        if connection.settings_dict["NAME"] == connection.settings_dict["TEST"]["NAME"]:
+            yield  # another module's marked tests made pytest-django create it
+            return
+        config = setup_databases(verbosity=0, interactive=False, aliases={"default"})
+        try:
+            yield
+        finally:
+            teardown_databases(config, verbosity=0)
+
+
+@pytest.fixture
+def live_database(stack, django_db_blocker):
+    """Database access for a test beside a module's live processes, with no flush when it ends.
+
+    `django_db(transaction=True)` flushes (TRUNCATE of every table) after each test while the
+    module's Celery worker, beat and managed workers still write: on a loaded host the TRUNCATE lost
+    a deadlock to them and the test errored in its teardown. The module's `stack` flushes once, after
+    its processes are gone."""
+    with django_db_blocker.unblock():
+        yield

@@ -18,7 +18,7 @@ from django.core.management import call_command
 
 from .live import MODEL, Stack, operator_client, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.redis, pytest.mark.usefixtures("live_database")]
 
 BROKER = os.environ.get("TESSERA_TEST_BROKER_URL", "redis://127.0.0.1:6379/11")
 CLOCKS = {"TESSERA_AUTOSCALE_TARGET_WAITING": "1", "TESSERA_AUTOSCALE_LOW_WAITING": "0.5",
@@ -30,7 +30,7 @@ SHRINK_WITHIN_S = 120  # from the end of the load back to 1
 
 
 @pytest.fixture(scope="module")
-def stack(django_db_setup, django_db_blocker):
+def stack(live_test_database, django_db_blocker):
     saved = {k: os.environ.get(k) for k in CLOCKS}
     os.environ.update(CLOCKS)  # Stack copies os.environ into every process it starts
     with django_db_blocker.unblock():

@@ -22,13 +22,13 @@ from django.core.management import call_command
 
 from .live import MODEL, Stack, operator_client, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.redis, pytest.mark.usefixtures("live_database")]
 
 BROKER = os.environ.get("TESSERA_TEST_BROKER_URL", "redis://127.0.0.1:6379/11")
 
 
 @pytest.fixture(scope="module")
-def stack(django_db_setup, django_db_blocker):
+def stack(live_test_database, django_db_blocker):
     with django_db_blocker.unblock():
         stack = Stack(BROKER)
         try:
