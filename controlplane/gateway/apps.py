@@ -12,5 +12,8 @@ class GatewayConfig(AppConfig):
 
         from . import spool_metrics  # noqa: F401 (registers the spool's gauges and counters)
         from .journal_metrics import JOURNAL_COLLECTOR
+        from .shared_prefixes import LOCAL_ONLY, SHARED_UP
 
         REGISTRY.register(JOURNAL_COLLECTOR)
+        REGISTRY.register(SHARED_UP)
+        REGISTRY.register(LOCAL_ONLY)

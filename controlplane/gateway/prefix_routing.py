@@ -15,7 +15,8 @@ the router tokenizes and hashes each prompt the way the engine does). Why, here:
   prompt chains from another root, so it never matches: the table holds salted hashes only, as the
   workers' caches do, and no prompt text.
 - Approximate: a worker evicts under memory pressure without telling the gateway, and each gateway
-  process keeps its own table. The table forgets by LRU within a per-worker budget sized like the
+  process keeps its own table, shared with the other gateways through Redis when REDIS_URL is set
+  (shared_prefixes.py). The table forgets by LRU within a per-worker budget sized like the
   workers' KV caches (`capacity_chunks`), so a prefix routed long ago stops attracting traffic.
 
 Choice (`choose`): if the candidates' loads are imbalanced (max - min > BALANCE_ABS and max >
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -156,10 +157,16 @@ def _rendezvous(worker: Loaded, key: PrefixKey) -> bytes:
 
 
 def choose(workers: Sequence[Loaded], key: PrefixKey, table: PrefixTable, *,
-           balance_abs: int = BALANCE_ABS, balance_rel: float = BALANCE_REL,
-           load_penalty_chars: int = LOAD_PENALTY_CHARS) -> tuple[Loaded, int]:
-    """(worker, matched characters expected to be cached there). `workers` is not empty."""
+           shared: Mapping[str, int] | None = None, balance_abs: int = BALANCE_ABS,
+           balance_rel: float = BALANCE_REL, load_penalty_chars: int = LOAD_PENALTY_CHARS) -> tuple[Loaded, int]:
+    """(worker, matched characters expected to be cached there). `workers` is not empty. `shared`:
+    matched chunks per worker URL as every gateway routed them (shared_prefixes.py), merged with this
+    process's table by the longer match; None or empty: this table alone."""
     loads = {w.url: load_of(w) for w in workers}
+
+    def matched_chunks(url: str) -> int:
+        mine = table.matched_chunks(url, key)
+        return max(mine, shared.get(url, 0)) if shared else mine
     least, most = min(loads.values()), max(loads.values())
 
     def least_loaded() -> Loaded:
@@ -167,9 +174,9 @@ def choose(workers: Sequence[Loaded], key: PrefixKey, table: PrefixTable, *,
 
     if most - least > balance_abs and most > balance_rel * least:
         chosen = least_loaded()
-        return chosen, table.matched_chunks(chosen.url, key) * CHUNK_CHARS
+        return chosen, matched_chunks(chosen.url) * CHUNK_CHARS
     eligible = [w for w in workers if loads[w.url] <= least + balance_abs]
-    matched = {w.url: table.matched_chunks(w.url, key) * CHUNK_CHARS for w in eligible}
+    matched = {w.url: matched_chunks(w.url) * CHUNK_CHARS for w in eligible}
     if not any(matched.values()):
         return least_loaded(), 0
     best = max(eligible, key=lambda w: (matched[w.url] - load_penalty_chars * loads[w.url], -loads[w.url],

@@ -226,6 +226,7 @@ async def open_upstream(
     registry = get_registry()
     key = parsing.affinity_key(parsed, principal.cache_salt)
     prefix = prefix_key(prompt_text(parsed.kind, parsed.body), principal.cache_salt, parsed.model)
+    shared = await registry.shared_matches(parsed.model, prefix)  # other gateways' routing; None: ours alone
     body = parsing.upstream_body(raw, parsed)
     path = UPSTREAM_PATHS[parsed.kind]
     headers = {
@@ -244,7 +245,7 @@ async def open_upstream(
     tried: set[str] = set()
     last_error: Exception | None = None
     for _ in range(MAX_ATTEMPTS):
-        worker = registry.pick(parsed.model, key, exclude=tried, prefix=prefix)
+        worker = registry.pick(parsed.model, key, exclude=tried, prefix=prefix, shared=shared)
         if worker is None:
             break
         tried.add(worker.url)

@@ -6,8 +6,9 @@ of base URLs: then each gateway process polls every worker's /ready and /v1/mode
 background; a model card with a `parent` is a LoRA adapter of that parent (vLLM's convention).
 
 Routing (TESSERA_ROUTING_POLICY), among ready workers serving the model:
-- cache_aware (default): where this gateway sent the longest matching prefix of the request
-  (tenant-salted chunk hashes), penalized by load, least loaded when imbalanced (prefix_routing.py);
+- cache_aware (default): where this gateway (or, through Redis, any gateway: shared_prefixes.py)
+  sent the longest matching prefix of the request (tenant-salted chunk hashes), penalized by load,
+  least loaded when imbalanced (prefix_routing.py);
 - affinity: within AFFINITY_SLACK outstanding requests of the least loaded, rendezvous hashing on
   the prefix key (the tenant's cache salt + system prompt / first message);
 - least_loaded, round_robin: the baselines benchmarks/routing.py compares against.
@@ -30,7 +31,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from controlplane.errors import ApplicationError
 
-from . import prefix_routing, upstream
+from . import prefix_routing, shared_prefixes, upstream
 
 log = logging.getLogger("tessera.gateway")
 
@@ -72,8 +73,9 @@ class Registry:
         self.policy = getattr(settings, "TESSERA_ROUTING_POLICY", "cache_aware")
         if self.policy not in POLICIES:
             raise ImproperlyConfigured(f"TESSERA_ROUTING_POLICY={self.policy!r}: expected one of {', '.join(POLICIES)}")
-        self.prefixes = prefix_routing.PrefixTable(
-            getattr(settings, "TESSERA_ROUTING_CACHE_CHUNKS", prefix_routing.DEFAULT_CAPACITY_CHUNKS))
+        capacity = getattr(settings, "TESSERA_ROUTING_CACHE_CHUNKS", prefix_routing.DEFAULT_CAPACITY_CHUNKS)
+        self.prefixes = prefix_routing.PrefixTable(capacity)
+        self.shared = shared_prefixes.from_settings(settings, capacity)  # None: this process's table alone
         self._turn = itertools.count()
 
     # --- polling ----------------------------------------------------------------------------------
@@ -91,6 +93,8 @@ class Registry:
                 log.warning("worker unreachable", extra={"worker": worker.url, "error": repr(exc)})
             worker.mark_failed()
             worker.polled_at = time.monotonic()
+            if self.shared is not None and self.prefixes.size(worker.url):  # once per failure, not per poll
+                self.shared.forget(worker.url)
             self.prefixes.forget(worker.url)  # back after a restart with an empty cache
             return
         targets: dict[str, ModelTarget] = {}
@@ -167,9 +171,17 @@ class Registry:
     def candidates(self, name: str, exclude: set[str] = frozenset()) -> list[Worker]:
         return [w for w in self.workers if w.ready and name in w.models and w.url not in exclude]
 
+    async def shared_matches(self, name: str, prefix: prefix_routing.PrefixKey) -> dict[str, int] | None:
+        """Once per request, before `pick`: what every gateway routed to the model's ready workers (one
+        Redis round trip, bounded by TESSERA_ROUTING_SHARED_TIMEOUT_SECONDS); None: the local table alone."""
+        if self.shared is None or self.policy != "cache_aware":
+            return None
+        return await self.shared.matched_chunks([w.url for w in self.candidates(name)], prefix)
+
     def pick(self, name: str, affinity_key: bytes, exclude: set[str] = frozenset(),
-             prefix: prefix_routing.PrefixKey | None = None) -> Worker | None:
-        """`prefix`: the request's salted prefix chunks (prefix_routing.prefix_key), for cache_aware."""
+             prefix: prefix_routing.PrefixKey | None = None, shared: dict[str, int] | None = None) -> Worker | None:
+        """`prefix`: the request's salted prefix chunks (prefix_routing.prefix_key), for cache_aware;
+        `shared`: `shared_matches`' answer for it."""
         ready = self.candidates(name, exclude)
         if not ready:
             return None
@@ -179,8 +191,10 @@ class Registry:
             start = next(self._turn) % len(ready)  # ties rotate, or idle workers would all go to the first
             return min(ready[start:] + ready[:start], key=prefix_routing.load_of)
         if self.policy == "cache_aware" and prefix is not None:
-            worker, _ = prefix_routing.choose(ready, prefix, self.prefixes)
+            worker, _ = prefix_routing.choose(ready, prefix, self.prefixes, shared=shared)
             self.prefixes.record(worker.url, prefix)
+            if self.shared is not None:
+                self.shared.record(worker.url, prefix)
             return worker  # type: ignore[return-value]
         least = min(w.outstanding for w in ready)
         balanced = [w for w in ready if w.outstanding <= least + AFFINITY_SLACK]

@@ -201,6 +201,15 @@ TESSERA_ROUTING_POLICY = os.environ.get("TESSERA_ROUTING_POLICY", "cache_aware")
 # cache_aware's memory of one worker's cache, in 128-character chunks (~32 tokens): size it like the
 # workers' KV caches (the default: 256 MiB of SmolLM2-135M cache) so it forgets what they evict.
 TESSERA_ROUTING_CACHE_CHUNKS = int(os.environ.get("TESSERA_ROUTING_CACHE_CHUNKS", "360"))
+# cache_aware's table shared by every gateway process through Redis (REDIS_URL; salted chunk hashes
+# only, controlplane/gateway/shared_prefixes.py): on by default when REDIS_URL is set ("0" turns it off).
+TESSERA_ROUTING_SHARED = os.environ.get("TESSERA_ROUTING_SHARED", "1" if REDIS_URL else "0") == "1"
+# The longest a request waits for the shared table before routing on this gateway's own one.
+TESSERA_ROUTING_SHARED_TIMEOUT_SECONDS = float(os.environ.get("TESSERA_ROUTING_SHARED_TIMEOUT_SECONDS", "0.05"))
+# After Redis did not answer, routing stays on the local table this long before asking again.
+TESSERA_ROUTING_SHARED_RETRY_SECONDS = float(os.environ.get("TESSERA_ROUTING_SHARED_RETRY_SECONDS", "5"))
+# A worker's shared set expires this long after the last request routed there (a worker that left).
+TESSERA_ROUTING_SHARED_TTL_SECONDS = float(os.environ.get("TESSERA_ROUTING_SHARED_TTL_SECONDS", "3600"))
 # Upstream timeouts: connect (a failure here is retried on another worker) and per-read.
 TESSERA_UPSTREAM_CONNECT_TIMEOUT = float(os.environ.get("TESSERA_UPSTREAM_CONNECT_TIMEOUT", "2"))
 TESSERA_UPSTREAM_READ_TIMEOUT = float(os.environ.get("TESSERA_UPSTREAM_READ_TIMEOUT", "300"))
