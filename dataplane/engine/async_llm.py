@@ -25,6 +25,7 @@ from typing import Any
 
 from dataplane.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from dataplane.engine.core import EngineCore, PromptInput
+from dataplane.engine.load_curve import measure_load_curve
 from dataplane.engine.output_processor import OutputProcessor
 from dataplane.engine.passing_thread import in_passing_thread
 from dataplane.engine.warmup import WarmupReport, warm_up
@@ -171,6 +172,10 @@ class AsyncLLM:
     async def warm_up(self) -> WarmupReport:
         """Run the start-up warm-up (engine/warmup.py) on the engine thread; call before serving."""
         return await self._call(lambda: warm_up(self.core))
+
+    async def measure_load_curve(self) -> dict:
+        """The step-cost sweep (engine/load_curve.py) on the engine thread; after warm_up, before serving."""
+        return await self._call(lambda: measure_load_curve(self.core))
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
         """Run fn on the engine thread between steps; its result or exception comes back here."""

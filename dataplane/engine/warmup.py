@@ -56,7 +56,7 @@ def warm_up(core: EngineCore, max_num_seqs: int | None = None) -> WarmupReport:
         for rid in list(core.processor.parents):
             if rid.startswith("warmup-"):
                 core.abort(rid)
-        _forget(core)
+        forget_throwaway(core)
     sizes = _ladder(core, budget)
     report = WarmupReport(time.perf_counter() - started, steps, seqs, sizes)
     if core.runner.graphs is not None:
@@ -78,17 +78,18 @@ def _ramp_and_ladder(core: EngineCore, seqs: int, budget: int) -> int:
     prompt_len = max(1, min(8, budget // max(seqs, 1), core.max_model_len - seqs - 2))
     for i in range(seqs):
         ids = [(17 + 31 * i + 7 * j) % vocab for j in range(prompt_len)]
-        _add(core, f"warmup-decode-{i}", ids, max_tokens=min(i + 2, core.max_model_len - prompt_len))
+        add_throwaway(core, f"warmup-decode-{i}", ids, max_tokens=min(i + 2, core.max_model_len - prompt_len))
     steps += _run(core)
     # Prefill ladder: one prompt at a time, one token each.
     for n in _ladder(core, budget):
         ids = [(101 + 13 * n + 3 * j) % vocab for j in range(n)]
-        _add(core, f"warmup-prefill-{n}", ids, max_tokens=1)
+        add_throwaway(core, f"warmup-prefill-{n}", ids, max_tokens=1)
         steps += _run(core)
     return steps
 
 
-def _add(core: EngineCore, rid: str, ids: list[int], max_tokens: int) -> None:
+def add_throwaway(core: EngineCore, rid: str, ids: list[int], max_tokens: int) -> None:
+    """A greedy request that ignores EOS (its length is known), for the engine's own measurements."""
     params = SamplingParams(max_tokens=max(1, max_tokens), ignore_eos=True, temperature=0)
     rid, text, children = core.make_requests(ids, params, request_id=rid)
     core.add(rid, text, children)
@@ -102,8 +103,8 @@ def _run(core: EngineCore) -> int:
     return steps
 
 
-def _forget(core: EngineCore) -> None:
-    """What the warm-up left in counters and caches, undone: metrics start at zero."""
+def forget_throwaway(core: EngineCore) -> None:
+    """What the warm-up (or the load curve's sweep) left in counters and caches, undone: metrics start at zero."""
     s = core.scheduler
     s.num_preemptions = s.prompt_tokens = s.generation_tokens = 0
     s.spec_num_drafts = s.spec_num_draft_tokens = s.spec_num_accepted_tokens = 0

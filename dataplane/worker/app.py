@@ -138,6 +138,16 @@ def create_app(state: WorkerState) -> Starlette:
             return exc.response()
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    async def load_curve(request: Request) -> Response:
+        try:
+            authorize(request)
+        except errors.WorkerError as exc:
+            return exc.response()
+        if state.load_curve is None:
+            return errors.WorkerError("no load curve was measured (loading, or --no-load-curve)", status=404,
+                                      code="not_found").response()
+        return _json(state.load_curve)
+
     async def http_error(request: Request, exc: HTTPException) -> Response:
         code = "not_found" if exc.status_code == 404 else "method_not_allowed"
         return errors.WorkerError(str(exc.detail), status=exc.status_code, code=code).response()
@@ -161,6 +171,7 @@ def create_app(state: WorkerState) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/load_curve", load_curve, methods=["GET"]),  # step costs, for capacity planning
         *adapters.routes(state, authorize),  # LoRA adapters: load, unload, list
         *usage_route.routes(state.usage, authorize),  # a request's final token counts, for billing
     ]

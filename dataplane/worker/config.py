@@ -114,6 +114,10 @@ class WorkerConfig:
     # before /ready: run every decode batch size up to max_num_seqs and a ladder of prefill sizes once,
     # so oneDNN's per-shape kernel builds are not paid by the first tenants (dataplane/engine/warmup.py)
     warmup: bool = True
+    # after the warm-up: time decode steps per batch size and prefills per size (a few seconds), the
+    # load curve capacity planning reads (dataplane/engine/load_curve.py; GET /load_curve, and the
+    # agent's "ready" report)
+    load_curve: bool = True
     drain_timeout: float = 30.0  # seconds to let in-flight requests finish after SIGTERM
     log_level: str = "info"
 

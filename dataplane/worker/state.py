@@ -31,6 +31,7 @@ class WorkerState:
         self.engine: AsyncLLM | None = None
         self.serving: Serving | None = None
         self.load_error: BaseException | None = None
+        self.load_curve: dict | None = None  # the engine's measured step costs (engine/load_curve.py)
         self.drainer = Drainer()
         self.usage = UsageMemory(config.usage_memory_entries, config.usage_memory_seconds)  # counts by request id
         self.metrics = WorkerMetrics(config.model_id, lambda: self.engine.latest_stats if self.engine else None)
@@ -63,6 +64,8 @@ class WorkerState:
             return
         if self.config.warmup:  # still "loading" meanwhile: /ready says 503 until the shapes are built
             await warm_up(engine)
+            if self.config.load_curve:
+                self.load_curve = await measure_load_curve(engine)
         self.attach(engine)
         log.info("model loaded", extra={"model": self.config.model, "seconds": round(time.monotonic() - started, 1),
                                         "max_model_len": engine.max_model_len,
@@ -74,6 +77,19 @@ class WorkerState:
         if self.engine is None:
             return "loading"
         return "draining" if self.drainer.draining else "ready"
+
+
+async def measure_load_curve(engine: AsyncLLM) -> dict | None:
+    """The engine's load curve, measured once warm (a failure costs only the capacity planner its
+    input, so it is logged and the worker serves)."""
+    try:
+        curve = await engine.measure_load_curve()
+    except Exception:  # noqa: BLE001 - planning input, never a reason not to serve
+        log.exception("load curve sweep failed; serving without one")
+        return None
+    log.info("load curve measured", extra={"seconds": curve["sweep_seconds"], "decode": curve["decode"],
+                                           "prefill": curve["prefill"]})
+    return curve
 
 
 async def warm_up(engine: AsyncLLM) -> None:

@@ -28,7 +28,7 @@ from dataplane.engine.passing_thread import call_in_passing_thread
 from dataplane.worker.adapter_root import OutsideAdapterRoot, resolve_in_root
 from dataplane.worker.app import WorkerState
 from dataplane.worker.metrics import WorkerMetrics
-from dataplane.worker.state import warm_up
+from dataplane.worker.state import measure_load_curve, warm_up
 
 log = logging.getLogger("tessera.worker.agent")
 
@@ -41,7 +41,7 @@ MODEL_CONFIG = ("dtype", "device", "max_model_len", "seed", "tensor_parallel_siz
 # BF16 EPYC, 297 tok/s at batch 1 and 952 at 32 concurrent, against 94 / 931 for bf16 alone
 # (python -m benchmarks.decode_latency). A deployment's engine_args.int4_dense_above overrides it.
 GGUF_DENSE_ABOVE = 8
-CACHE_CONFIG = ("block_size", "kv_cache_memory", "enable_prefix_caching")
+CACHE_CONFIG = ("block_size", "kv_cache_memory", "enable_prefix_caching", "kv_cache_dtype")
 SCHEDULER_CONFIG = ("max_num_seqs", "max_num_batched_tokens", "max_waiting")
 
 
@@ -63,6 +63,7 @@ class Loaded:
     fingerprint: str
     load_seconds: float
     gate: dict | None
+    load_curve: dict | None = None  # engine/load_curve.py, measured after the warm-up
 
 
 def fingerprint(spec: dict) -> str:
@@ -126,11 +127,11 @@ class EngineSlot:
                 # OpenMP pool and halve the engine's decode speed (dataplane/engine/passing_thread.py).
                 gate = call_in_passing_thread(self.quality_gate, spec, source, thread_name="tessera-gate")
                 engine = call_in_passing_thread(self._build, source, spec, thread_name="tessera-load")
-                self._warm_up(engine)
+                curve = self._warm_up(engine)
                 self._call_on_loop(self._attach, engine, source, spec["served_name"],
                                    (spec.get("engine_args") or {}).get("tool_call_parser"))
                 self.loaded = Loaded(spec["uid"], spec["attempt"], spec["served_name"], source, fp,
-                                     round(time.monotonic() - started, 3), gate)
+                                     round(time.monotonic() - started, 3), gate, curve)
                 log.info("model loaded", extra={"replica_uid": spec["uid"], "served_name": spec["served_name"],
                                                 "source": source, "seconds": self.loaded.load_seconds})
                 return "loaded"
@@ -151,6 +152,7 @@ class EngineSlot:
     def _unload_locked(self) -> None:
         engine = self._call_on_loop(self._detach)
         self.loaded = None
+        self.state.load_curve = None  # the next model's steps cost what they cost
         self._adapters.clear()
         if engine is None:
             return
@@ -234,12 +236,20 @@ class EngineSlot:
         except Exception as exc:  # noqa: BLE001 - out of memory, a driver error...: worth another attempt
             raise LoadError(f"loading {source!r} failed: {exc!r}", permanent=False) from exc
 
-    def _warm_up(self, engine) -> None:
+    def _warm_up(self, engine) -> dict | None:
         """Build the batch shapes before the replica reports ready, as a worker that loads its model at
         start-up does (WorkerState.load): the heartbeat says "loading" meanwhile, so the gateway routes
-        nothing here and the first tenants do not pay oneDNN's per-shape kernel builds."""
-        if getattr(getattr(self.state, "config", None), "warmup", False):
-            asyncio.run(warm_up(engine))  # a task thread: no event loop of its own
+        nothing here and the first tenants do not pay oneDNN's per-shape kernel builds. Then measure the
+        load curve (-> it, reported with "ready"), unless the worker was started with --no-load-curve."""
+        config = getattr(self.state, "config", None)
+        if not getattr(config, "warmup", False):
+            return None
+        asyncio.run(warm_up(engine))  # a task thread: no event loop of its own
+        if not getattr(config, "load_curve", False):
+            return None
+        curve = asyncio.run(measure_load_curve(engine))
+        self.state.load_curve = curve
+        return curve
 
     @staticmethod
     def _lora_config(spec: dict, args: dict):

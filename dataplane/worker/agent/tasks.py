@@ -86,7 +86,7 @@ class TaskRunner:
         loaded = self.slot.loaded
         self.client.report_replica(replica_id, {
             "attempt": attempt, "status": "ready", "load_seconds": loaded.load_seconds if loaded else None,
-            "gate": loaded.gate if loaded else None})
+            "gate": loaded.gate if loaded else None, "load_curve": loaded.load_curve if loaded else None})
         return outcome
 
     def unload_model(self, replica_id: int, attempt: int) -> str:
