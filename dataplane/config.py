@@ -15,6 +15,7 @@ from dataplane.cpu_features import cpu_has_native_bf16
 from dataplane.spec_decode.config import SpeculativeConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+KV_CACHE_DTYPES = ("auto", "fp8")  # CacheConfig.kv_cache_dtype
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
           "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 
@@ -93,11 +94,16 @@ class CacheConfig:
     block_size: int = 16  # tokens per KV block
     kv_cache_memory: int | str = "1GiB"  # bytes of KV cache to allocate (all layers, K and V)
     enable_prefix_caching: bool = True  # reuse full blocks across requests with equal prefixes
+    # "auto": K and V in the model's dtype; "fp8": float8 E4M3 with a float16 scale per token and KV head
+    # (kernels/kv_fp8.py), about twice the blocks in the same kv_cache_memory (docs/kv_cache.md)
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size: must be a positive power of two, got {self.block_size!r}")
         self.kv_cache_memory = parse_bytes(self.kv_cache_memory, name="kv_cache_memory")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype: must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
 
 
 @dataclass(slots=True)

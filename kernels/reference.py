@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from kernels.awq_layout import awq_dequantize
 from kernels.gguf_layout import q4_1_fields, q8_0_fields
+from kernels.kv_fp8 import readable
 
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
 
@@ -47,9 +48,10 @@ def paged_decode_attention_ref(
         return torch.zeros_like(q)
     num_blocks = -(-max_ctx // block_size)
     table = block_tables[:, :num_blocks].long()
-    # [S, blocks, block_size, Hkv, D] → [S, Hkv, T, D], padded to the longest context.
-    k = key_cache[table].flatten(1, 2)[:, :max_ctx].transpose(1, 2).float()
-    v = value_cache[table].flatten(1, 2)[:, :max_ctx].transpose(1, 2).float()
+    # [S, blocks, block_size, Hkv, D] → [S, Hkv, T, D], padded to the longest context; an FP8
+    # cache (kernels/kv_fp8.py) dequantized as gathered.
+    k = readable(key_cache[table]).flatten(1, 2)[:, :max_ctx].transpose(1, 2).float()
+    v = readable(value_cache[table]).flatten(1, 2)[:, :max_ctx].transpose(1, 2).float()
     qg = q.float().reshape(num_seqs, num_kv_heads, group, head_dim)
     scores = torch.matmul(qg, k.transpose(-1, -2)) * scale  # [S, Hkv, group, T]
     valid = torch.arange(max_ctx, device=q.device)[None, :] < context_lens[:, None].to(q.device)
@@ -82,8 +84,8 @@ def prefill_attention_ref(
         if q_len == 0:
             continue
         prefix = ctx - q_len
-        k = gather_kv(key_cache, block_tables[seq], ctx).float().transpose(0, 1)  # [Hkv, ctx, D]
-        v = gather_kv(value_cache, block_tables[seq], ctx).float().transpose(0, 1)
+        k = readable(gather_kv(key_cache, block_tables[seq], ctx)).float().transpose(0, 1)  # [Hkv, ctx, D]
+        v = readable(gather_kv(value_cache, block_tables[seq], ctx)).float().transpose(0, 1)
         qs = q[start:end].float().transpose(0, 1).reshape(num_kv_heads, group * q_len, head_dim)
         scores = torch.matmul(qs, k.transpose(-1, -2)).reshape(num_kv_heads, group, q_len, ctx) * scale
         query_pos = prefix + torch.arange(q_len, device=q.device)

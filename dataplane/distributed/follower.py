@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from dataplane.config import ModelConfig
 from dataplane.distributed.group import RankInfo, init_group, move
-from dataplane.runner.attention import AttentionMetadata
+from dataplane.runner.attention import AttentionMetadata, allocate_kv_cache
 
 # Followers wait for the next step as long as the engine idles; the parent watchdog ends them.
 FOLLOWER_TIMEOUT_S = 365 * 24 * 3600.0
@@ -38,6 +38,7 @@ class Step:
     meta: AttentionMetadata  # built once by rank 0's runner, before any layer ran
     num_blocks: int  # KV blocks per layer: the follower allocates its cache shard on the first step
     block_size: int
+    kv_cache_dtype: str = "auto"  # the engine's CacheConfig.kv_cache_dtype: the shard is allocated alike
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -102,9 +103,9 @@ def follower_main(spec: FollowerSpec, ready: Any) -> None:
             break
         if caches is None:
             a = model.args
-            shape = (step.num_blocks, step.block_size, a.num_kv_heads, a.head_dim)
-            caches = [(torch.zeros(shape, dtype=model.dtype, device=model.device),
-                       torch.zeros(shape, dtype=model.dtype, device=model.device)) for _ in range(a.num_layers)]
+            layer = (step.num_blocks, step.block_size, a.num_kv_heads, a.head_dim, model.dtype, model.device,
+                     step.kv_cache_dtype)
+            caches = [(allocate_kv_cache(*layer), allocate_kv_cache(*layer)) for _ in range(a.num_layers)]
         if info.device != "cpu":
             step = move(step, info.device)
         model.hidden_states(step.input_ids, step.positions, step.meta, caches)

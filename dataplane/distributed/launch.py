@@ -31,6 +31,7 @@ from dataplane.distributed.shard import check_tensor_parallel_size, shard_args
 from dataplane.models.loader import LoadedModel, read_weights
 from dataplane.models.registry import resolve_model_path
 from dataplane.models.tokenizer import Tokenizer
+from kernels import kv_fp8
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class TensorParallelModel:
             raise ValueError("adapter: LoRA is not supported with tensor_parallel_size > 1")
         self._check_alive()
         key = kv_caches[0][0]
-        step = Step(input_ids, positions, meta, key.shape[0], key.shape[1])
+        step = Step(input_ids, positions, meta, key.shape[0], key.shape[1], "fp8" if kv_fp8.is_fp8(key) else "auto")
         try:
             t0 = time.perf_counter()
             dist.broadcast_object_list([step if key.device.type == "cpu" else move(step, "cpu")], src=0,

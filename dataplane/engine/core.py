@@ -58,7 +58,7 @@ class EngineCore:
         self.tokenizer = loaded.tokenizer
         self.model_name = model_config.model
         self.max_model_len = min(model_config.max_model_len or loaded.args.max_position, loaded.args.max_position)
-        per_token = ModelRunner.kv_bytes_per_token(self.model)
+        per_token = ModelRunner.kv_bytes_per_token(self.model, cache_config.kv_cache_dtype)
         num_blocks = int(cache_config.kv_cache_memory) // (per_token * cache_config.block_size)
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory: {cache_config.kv_cache_memory} bytes hold no block of "
@@ -69,8 +69,9 @@ class EngineCore:
                   f"({model_config.torch_dtype}); KV cache {self.memory.kv_cache_bytes / 2**20:.1f} MiB = "
                   f"{num_blocks} blocks x {cache_config.block_size} tokens = {self.memory.kv_cache_tokens} tokens "
                   f"({per_token} bytes/token = 2 x {self.model.args.num_layers} layers x "
-                  f"{self.model.args.num_kv_heads} kv heads x {self.model.args.head_dim} x "
-                  f"{self.model.embed.element_size()} bytes)")
+                  f"{self.model.args.num_kv_heads} kv heads x " + (
+                      f"({self.model.args.head_dim} fp8 + 2 scale) bytes)" if cache_config.kv_cache_dtype == "fp8"
+                      else f"{self.model.args.head_dim} x {self.model.embed.element_size()} bytes)"))
         log.info(report)
         if progress:
             print(report, file=sys.stderr)
@@ -85,6 +86,7 @@ class EngineCore:
                                          compile_timeout=grammar_compile_timeout)
         self.runner = ModelRunner(self.model, num_blocks, cache_config.block_size, model_config.seed,
                                   max_num_seqs=scheduler_config.max_num_seqs, max_model_len=self.max_model_len,
+                                  kv_cache_dtype=cache_config.kv_cache_dtype,
                                   lora=self.lora.runtime if self.lora else None, structured=self.structured)
         mode = model_config.graph_mode
         if mode is not None:

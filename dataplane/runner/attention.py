@@ -7,6 +7,12 @@ its cached prefix. Where the kernels run (kernels.dispatch.use_triton), all deco
 group, one launch of the paged decode kernel with one int32 block table, and all prefill chunks
 one launch of the prefill kernel with cu_seqlens. Metadata is built once per step and passed to
 every layer explicitly.
+
+An FP8 cache (`kv_cache_dtype="fp8"`, kernels/kv_fp8.py: uint8 rows of E4M3 values and their
+float16 scale) is quantized as it is written and dequantized where it is read: after the gather on
+the torch path, inside the C++ and Triton ops. A prefill chunk with nothing cached before it
+attends over its own K/V rounded through FP8 as well, so what a prompt sees is what its later
+decodes (and a request reusing its blocks) read back.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_decode, dispatch
+from kernels import cpu_decode, dispatch, kv_fp8
 
 # A decode group is cut when the next context is this much longer than the group's shortest:
 # gathered K/V rows are padded to the group's longest, so this bounds the wasted gather traffic.
@@ -132,11 +138,27 @@ def _to(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return t if device.type == "cpu" else t.pin_memory().to(device, non_blocking=True)
 
 
+def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                      device: torch.device | str, kv_cache_dtype: str = "auto") -> torch.Tensor:
+    """One layer's key (or value) cache, zeroed: [blocks, block_size, Hkv, D] in `dtype` ("auto"), or the
+    FP8 layout's uint8 rows [blocks, block_size, Hkv, D + 2] ("fp8")."""
+    if kv_cache_dtype == "fp8":
+        return kv_fp8.allocate(num_blocks, block_size, num_kv_heads, head_dim, device)
+    if kv_cache_dtype != "auto":
+        raise ValueError(f"kv_cache_dtype: must be 'auto' or 'fp8', got {kv_cache_dtype!r}")
+    return torch.zeros((num_blocks, block_size, num_kv_heads, head_dim), dtype=dtype, device=device)
+
+
 def write_kv(
     key_cache: torch.Tensor, value_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
 ) -> None:
-    """Store this step's K/V rows ([T, kv_heads, head_dim]) at their cache slots."""
+    """Store this step's K/V rows ([T, kv_heads, head_dim]) at their cache slots (quantized for FP8)."""
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    if kv_fp8.is_fp8(key_cache):
+        row = kv_fp8.row_bytes(head_dim)
+        key_cache.view(-1, num_kv_heads, row).index_copy_(0, slots, kv_fp8.quantize(k))
+        value_cache.view(-1, num_kv_heads, row).index_copy_(0, slots, kv_fp8.quantize(v))
+        return
     key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k)
     value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v)
 
@@ -178,6 +200,8 @@ def _decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
         g.workspace = (key_cache.new_empty(rows), value_cache.new_empty(rows))
     k = _gather(key_cache, g.block_tables, out=g.workspace[0])
     v = _gather(value_cache, g.block_tables, out=g.workspace[1])
+    if kv_fp8.is_fp8(key_cache):
+        k, v = kv_fp8.dequantize(k, q.dtype), kv_fp8.dequantize(v, q.dtype)
     length = k.shape[1]
     if n <= FLOAT32_DECODE_ROWS and q.dtype != torch.float32:
         # A few sequences (batch-1 decode): 16-bit batched matmuls this small run far below the
@@ -259,13 +283,15 @@ def _prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_ca
         qp = q[p.start : p.end].transpose(0, 1).unsqueeze(0)  # [1, H, Q, D]
         if p.prefix_len == 0:
             # Nothing cached before the chunk: attend to this step's K/V directly, no gather.
-            kp = k[p.start : p.end].transpose(0, 1).unsqueeze(0)
-            vp = v[p.start : p.end].transpose(0, 1).unsqueeze(0)
+            kp, vp = k[p.start : p.end], v[p.start : p.end]
+            if kv_fp8.is_fp8(key_cache):
+                kp, vp = kv_fp8.dequantize(kv_fp8.quantize(kp), q.dtype), kv_fp8.dequantize(kv_fp8.quantize(vp), q.dtype)
+            kp, vp = kp.transpose(0, 1).unsqueeze(0), vp.transpose(0, 1).unsqueeze(0)
             o = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale, enable_gqa=True)
         else:
             ctx = p.prefix_len + (p.end - p.start)
-            kp = _gather(key_cache, p.block_ids[None]).transpose(1, 2)[:, :, :ctx]
-            vp = _gather(value_cache, p.block_ids[None]).transpose(1, 2)[:, :, :ctx]
+            kp = kv_fp8.readable(_gather(key_cache, p.block_ids[None]), q.dtype).transpose(1, 2)[:, :, :ctx]
+            vp = kv_fp8.readable(_gather(value_cache, p.block_ids[None]), q.dtype).transpose(1, 2)[:, :, :ctx]
             o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, scale=scale, enable_gqa=True)
         out[p.start : p.end] = o.squeeze(0).transpose(0, 1)
 

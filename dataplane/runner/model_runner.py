@@ -14,7 +14,7 @@ import torch
 
 from dataplane.lora.runtime import LoRARuntime
 from dataplane.models.llama import LlamaModel
-from dataplane.runner.attention import AttentionMetadata, decode_groups, make_prefill_chunk
+from dataplane.runner.attention import AttentionMetadata, allocate_kv_cache, decode_groups, make_prefill_chunk
 from dataplane.runner.decode_graphs import DecodeGraphs
 from dataplane.runner.grammar_masks import GrammarMasks
 from dataplane.runner.input_batch import InputBatch
@@ -28,6 +28,7 @@ from dataplane.sampling_params import SamplingParams
 from dataplane.scheduler.output import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from dataplane.spec_decode.verify import accepted_tokens
 from dataplane.structured.backend import GrammarBackend
+from kernels import kv_fp8
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class StepHandle:
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, seed: int = 0,
                  lora: LoRARuntime | None = None, structured: GrammarBackend | None = None,
-                 max_num_seqs: int = 64, max_model_len: int | None = None) -> None:
+                 max_num_seqs: int = 64, max_model_len: int | None = None, kv_cache_dtype: str = "auto") -> None:
         self.model = model
         self.lora = lora  # device slots and per-step adapter metadata, when LoRA is enabled
         self.block_size = block_size
@@ -57,12 +58,9 @@ class ModelRunner:
         # One block past the pool's: the dummy block padded rows of a graph step write and read
         # (runner/decode_graphs.py). The scheduler never hands it out.
         self.dummy_block = num_blocks
-        shape = (num_blocks + 1, block_size, a.num_kv_heads, a.head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=model.dtype, device=model.device),
-             torch.zeros(shape, dtype=model.dtype, device=model.device))
-            for _ in range(a.num_layers)
-        ]
+        self.kv_cache_dtype = kv_cache_dtype
+        layer = (num_blocks + 1, block_size, a.num_kv_heads, a.head_dim, model.dtype, model.device, kv_cache_dtype)
+        self.kv_caches = [(allocate_kv_cache(*layer), allocate_kv_cache(*layer)) for _ in range(a.num_layers)]
         self.sampler = Sampler(seed, device=model.device)
         self.states: dict[str, RunnerRequestState] = {}
         # Grammar masks are filled on a thread while the model runs; the step waits only for what is left
@@ -93,10 +91,12 @@ class ModelRunner:
         return self.graphs
 
     @staticmethod
-    def kv_bytes_per_token(model: LlamaModel) -> int:
-        """2 (K and V) x layers x kv_heads x head_dim x dtype bytes."""
+    def kv_bytes_per_token(model: LlamaModel, kv_cache_dtype: str = "auto") -> int:
+        """2 (K and V) x layers x kv_heads x (head_dim x dtype bytes, or head_dim + 2 for FP8: a byte per
+        value and a float16 scale per row)."""
         a = model.args
-        return 2 * a.num_layers * a.num_kv_heads * a.head_dim * model.embed.element_size()
+        row = kv_fp8.row_bytes(a.head_dim) if kv_cache_dtype == "fp8" else a.head_dim * model.embed.element_size()
+        return 2 * a.num_layers * a.num_kv_heads * row
 
     def _drop(self, rid: str) -> None:
         st = self.states.pop(rid, None)

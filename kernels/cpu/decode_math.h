@@ -11,21 +11,104 @@
 #include <type_traits>
 #include <vector>
 
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Half.h>
+
+#include <array>
+#include <cstring>
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define TESSERA_ATTN_AVX2 1
+#if defined(__F16C__)
+#define TESSERA_ATTN_F16C 1
+#endif
 #endif
 
 namespace tessera_attn {
 
+// One value of the FP8 KV cache (kernels/kv_fp8.py): float8 E4M3 bits. A (token, KV head) row is d of
+// them followed by the row's float16 scale (2 more bytes), so a row of T = Fp8 spans d + 2 elements.
+struct Fp8 {
+  uint8_t bits;
+};
+template <typename T>
+inline constexpr int64_t kScaleElems = 0;
+template <>
+inline constexpr int64_t kScaleElems<Fp8> = 2;
+constexpr float kFp8Max = 448.f;
+constexpr float kFp8MinScale = 6.103515625e-05f;  // float16's least normal number, kv_fp8.MIN_SCALE
+
+// E4M3 bits -> float, exact (torch's own conversion, tabulated once).
+inline const std::array<float, 256>& fp8_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int b = 0; b < 256; ++b)
+      t[static_cast<size_t>(b)] = static_cast<float>(c10::Float8_e4m3fn(static_cast<uint8_t>(b), c10::Float8_e4m3fn::from_bits()));
+    return t;
+  }();
+  return table;
+}
+
 inline float to_float(float v) { return v; }
 inline float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
+inline float to_float(Fp8 v) { return fp8_table()[v.bits]; }
 
-// dot(q, k) over d values (q float32, k float32 or bf16).
+// The scale a row of T holds after its d values: 1 but for FP8.
+template <typename T>
+inline float row_scale(const T* row, int64_t d) {
+  if constexpr (std::is_same_v<T, Fp8>) {
+    uint16_t bits;
+    std::memcpy(&bits, row + d, sizeof(bits));
+    return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+  } else {
+    (void)row;
+    (void)d;
+    return 1.f;
+  }
+}
+
+// x [d] float32 -> an FP8 row (d values + scale) as kernels/kv_fp8.quantize writes it, bit for bit:
+// scale = float16(max(amax / 448, min)), values = E4M3(clamp(x / scale)).
+inline void quantize_fp8_row(const float* x, int64_t d, Fp8* dst) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < d; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const c10::Half half(std::max(amax / kFp8Max, kFp8MinScale));
+  const float scale = static_cast<float>(half);
+  for (int64_t i = 0; i < d; ++i)
+    dst[i].bits = c10::Float8_e4m3fn(std::min(std::max(x[i] / scale, -kFp8Max), kFp8Max)).x;
+  std::memcpy(dst + d, &half.x, sizeof(half.x));
+}
+
+#ifdef TESSERA_ATTN_F16C
+// 8 E4M3 values -> 8 floats times 2^-8: each value's sign, exponent and mantissa moved into a float16
+// (exponent bias 15 against 7, hence the 2^-8; E4M3's subnormals land on float16 subnormals, exact),
+// then F16C's conversion. The callers fold the 2^8 into their scale.
+inline __m256 fp8x8_times_2m8(const Fp8* p) {
+  const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m128i sign = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
+  const __m128i rest = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F)), 7);
+  return _mm256_cvtph_ps(_mm_or_si128(sign, rest));
+}
+#endif
+
+// dot(q, k) over d values (q float32, k float32, bf16 or FP8 without its scale).
 template <typename T>
 inline float dot(const float* q, const T* k, int64_t d) {
   int64_t i = 0;
   float total = 0.f;
+  if constexpr (std::is_same_v<T, Fp8>) {
+#ifdef TESSERA_ATTN_F16C
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), fp8x8_times_2m8(k + i), acc);
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    total = _mm_cvtss_f32(lo) * 256.f;
+#endif
+    for (; i < d; ++i) total += q[i] * to_float(k[i]);
+    return total;
+  }
 #ifdef TESSERA_ATTN_AVX2
   __m256 acc = _mm256_setzero_ps();
   for (; i + 8 <= d; i += 8) {
@@ -47,10 +130,19 @@ inline float dot(const float* q, const T* k, int64_t d) {
   return total;
 }
 
-// out += p * v over d values.
+// out += p * v over d values (v's FP8 scale, if any, already in p).
 template <typename T>
 inline void axpy(float p, const T* v, float* out, int64_t d) {
   int64_t i = 0;
+  if constexpr (std::is_same_v<T, Fp8>) {
+#ifdef TESSERA_ATTN_F16C
+    const __m256 pv = _mm256_set1_ps(p * 256.f);
+    for (; i + 8 <= d; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_fmadd_ps(pv, fp8x8_times_2m8(v + i), _mm256_loadu_ps(out + i)));
+#endif
+    for (; i < d; ++i) out[i] += p * to_float(v[i]);
+    return;
+  }
 #ifdef TESSERA_ATTN_AVX2
   const __m256 pv = _mm256_set1_ps(p);
   for (; i + 8 <= d; i += 8) {
@@ -150,12 +242,14 @@ inline void for_each_token(const T* cache, const int64_t* table, int64_t n, int6
 
 // One decode query per head of KV heads [h0, h0 + span) of one sequence (q: its span x group
 // heads, float32) against the first n tokens of the paged cache (block ids `table`): softmax in
-// float32, o [span x group, d]. scores and acc are the caller's scratch.
+// float32, o [span x group, d]. scores and acc are the caller's scratch. An FP8 cache's rows are
+// d + 2 wide; each key's scale multiplies its score, each value's its probability.
 template <typename T>
 void attend(const float* q, const T* kc, const T* vc, const int64_t* table, int64_t n, int64_t h0, int64_t span,
             int64_t group, int64_t kv_heads, int64_t d, int64_t block_size, int64_t num_blocks, float scale,
             std::vector<float>& scores, std::vector<float>& acc, float* o) {
-  const int64_t row = kv_heads * d;  // one token's keys in the cache, all KV heads
+  const int64_t hd = d + kScaleElems<T>;  // one (token, KV head) row of the cache
+  const int64_t row = kv_heads * hd;  // one token's keys in the cache, all KV heads
   const int64_t qh = span * group;
   if (n <= 0) {  // an empty context attends to nothing: zeros, as the reference gives
     std::fill(o, o + qh * d, 0.f);
@@ -173,10 +267,11 @@ void attend(const float* q, const T* kc, const T* vc, const int64_t* table, int6
   std::fill(mx, mx + qh, -std::numeric_limits<float>::infinity());
   for_each_token(kc, table, n, block_size, row, num_blocks, [&](int64_t t, const T* k) {
     for (int64_t h = 0; h < span; ++h) {
-      const T* kh = k + (h0 + h) * d;
+      const T* kh = k + (h0 + h) * hd;
+      const float ks = scale * row_scale(kh, d);
       for (int64_t g = 0; g < group; ++g) {
         const int64_t j = h * group + g;
-        const float sc = dot(q + j * d, kh, d) * scale;
+        const float sc = dot(q + j * d, kh, d) * ks;
         scores[j * n + t] = sc;
         mx[j] = std::max(mx[j], sc);
       }
@@ -188,10 +283,11 @@ void attend(const float* q, const T* kc, const T* vc, const int64_t* table, int6
   }
   for_each_token(vc, table, n, block_size, row, num_blocks, [&](int64_t t, const T* v) {
     for (int64_t h = 0; h < span; ++h) {
-      const T* vh = v + (h0 + h) * d;
+      const T* vh = v + (h0 + h) * hd;
+      const float vs = row_scale(vh, d);
       for (int64_t g = 0; g < group; ++g) {
         const int64_t j = h * group + g;
-        axpy(scores[j * n + t], vh, acc.data() + j * d, d);
+        axpy(scores[j * n + t] * vs, vh, acc.data() + j * d, d);
       }
     }
   });

@@ -55,12 +55,14 @@ torch::Tensor paged_decode_attention_cpu(const torch::Tensor& q, const torch::Te
   TORCH_CHECK(q.dim() == 3 && key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes(),
               "paged_decode_attention: q [S, H, D] and caches [blocks, block_size, Hkv, D] expected");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "paged_decode_attention: caches must be contiguous");
-  TORCH_CHECK(key_cache.scalar_type() == value_cache.scalar_type() &&
-                  (key_cache.scalar_type() == torch::kFloat32 || key_cache.scalar_type() == torch::kBFloat16),
-              "paged_decode_attention: float32 or bfloat16 caches");
+  const auto cache_type = key_cache.scalar_type();
+  TORCH_CHECK(value_cache.scalar_type() == cache_type &&
+                  (cache_type == torch::kFloat32 || cache_type == torch::kBFloat16 || cache_type == torch::kByte),
+              "paged_decode_attention: float32 or bfloat16 caches, or FP8 ones (uint8 rows, kernels/kv_fp8.py)");
   const int64_t seqs = q.size(0), heads = q.size(1), d = q.size(2);
   const int64_t num_blocks = key_cache.size(0), block_size = key_cache.size(1), kv_heads = key_cache.size(2);
-  TORCH_CHECK(key_cache.size(3) == d && kv_heads > 0 && heads % kv_heads == 0,
+  const int64_t row = cache_type == torch::kByte ? d + tessera_attn::kScaleElems<tessera_attn::Fp8> : d;  // FP8: values, then a float16 scale
+  TORCH_CHECK(key_cache.size(3) == row && kv_heads > 0 && heads % kv_heads == 0,
               "paged_decode_attention: head counts or sizes do not match");
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == seqs && context_lens.numel() == seqs,
               "paged_decode_attention: one block table row and one length per sequence");
@@ -74,7 +76,12 @@ torch::Tensor paged_decode_attention_cpu(const torch::Tensor& q, const torch::Te
   }
   const auto qf = q.to(torch::kFloat32).contiguous();
   auto out = torch::empty({seqs, heads, d}, qf.options());
-  if (key_cache.scalar_type() == torch::kFloat32) {
+  if (cache_type == torch::kByte) {
+    decode_attention<tessera_attn::Fp8>(
+        qf.data_ptr<float>(), reinterpret_cast<const tessera_attn::Fp8*>(key_cache.data_ptr<uint8_t>()),
+        reinterpret_cast<const tessera_attn::Fp8*>(value_cache.data_ptr<uint8_t>()), tables.data_ptr<int64_t>(),
+        width, lp, out.data_ptr<float>(), seqs, heads, kv_heads, d, block_size, num_blocks, static_cast<float>(scale));
+  } else if (cache_type == torch::kFloat32) {
     decode_attention<float>(qf.data_ptr<float>(), key_cache.data_ptr<float>(), value_cache.data_ptr<float>(),
                             tables.data_ptr<int64_t>(), width, lp, out.data_ptr<float>(), seqs, heads, kv_heads, d,
                             block_size, num_blocks, static_cast<float>(scale));

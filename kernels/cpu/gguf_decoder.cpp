@@ -70,6 +70,7 @@ struct Scratch {  // one thread's buffers
   std::vector<float> x;  // normed activations (rows x width) before quantization
   QuantizedRows xq;
   std::vector<float> q, scores, acc;  // attention: a task's rotated queries, scores, output
+  std::vector<float> k;  // an FP8 cache's rotated key row, before it is quantized
 };
 
 class GgufDecoder {
@@ -143,12 +144,15 @@ class GgufDecoder {
     TORCH_CHECK(static_cast<int64_t>(key_caches.size()) == layers && value_caches.size() == key_caches.size(),
                 "GgufDecoder: one key and one value cache per layer");
     const auto dtype = key_caches[0].scalar_type();
-    TORCH_CHECK(dtype == torch::kFloat32 || dtype == torch::kBFloat16, "GgufDecoder: float32 or bfloat16 caches");
+    TORCH_CHECK(dtype == torch::kFloat32 || dtype == torch::kBFloat16 || dtype == torch::kByte,
+                "GgufDecoder: float32 or bfloat16 caches, or FP8 ones (uint8 rows, kernels/kv_fp8.py)");
+    const int64_t row = dtype == torch::kByte ? d_ + tessera_attn::kScaleElems<tessera_attn::Fp8> : d_;
     for (int64_t l = 0; l < layers; ++l) {
       for (const auto* c : {&key_caches[l], &value_caches[l]}) {
         TORCH_CHECK(c->scalar_type() == dtype && c->is_contiguous() && c->dim() == 4 &&
-                        c->sizes() == key_caches[0].sizes() && c->size(2) == kv_heads_ && c->size(3) == d_,
-                    "GgufDecoder: caches must be contiguous [blocks, block_size, kv_heads, head_dim], one dtype");
+                        c->sizes() == key_caches[0].sizes() && c->size(2) == kv_heads_ && c->size(3) == row,
+                    "GgufDecoder: caches must be contiguous [blocks, block_size, kv_heads, head_dim (+ 2 for FP8)], "
+                    "one dtype");
       }
     }
     const int64_t num_blocks = key_caches[0].size(0), block_size = key_caches[0].size(1);
@@ -182,8 +186,12 @@ class GgufDecoder {
     if (scratch_.size() < static_cast<size_t>(nt)) scratch_.resize(static_cast<size_t>(nt));
     std::vector<float*> kp(layers), vp(layers);
     std::vector<c10::BFloat16*> kb(layers), vb(layers);
+    std::vector<tessera_attn::Fp8*> k8(layers), v8(layers);
     for (int64_t l = 0; l < layers; ++l) {
-      if (dtype == torch::kFloat32) {
+      if (dtype == torch::kByte) {
+        k8[l] = reinterpret_cast<tessera_attn::Fp8*>(key_caches[l].data_ptr<uint8_t>());
+        v8[l] = reinterpret_cast<tessera_attn::Fp8*>(value_caches[l].data_ptr<uint8_t>());
+      } else if (dtype == torch::kFloat32) {
         kp[l] = key_caches[l].data_ptr<float>();
         vp[l] = value_caches[l].data_ptr<float>();
       } else {
@@ -198,7 +206,9 @@ class GgufDecoder {
       const int t = omp_get_thread_num(), threads = omp_get_num_threads();
       Scratch& sc = scratch_[static_cast<size_t>(t)];
       for (int64_t l = 0; l < layers; ++l) {
-        if (dtype == torch::kFloat32) {
+        if (dtype == torch::kByte) {
+          layer(l, h, k8[l], v8[l], args, t, threads, sc);
+        } else if (dtype == torch::kFloat32) {
           layer(l, h, kp[l], vp[l], args, t, threads, sc);
         } else {
           layer(l, h, kb[l], vb[l], args, t, threads, sc);
@@ -254,10 +264,18 @@ class GgufDecoder {
       };
       for (int64_t g = 0; g < group; ++g) rotate(row + (kvh * group + g) * d_, sc.q.data() + g * d_);
       const int64_t slot = a.slots[r];
-      rotate(row + (heads_ + kvh) * d_, kc + (slot * kv_heads_ + kvh) * d_);
       const float* v = row + (heads_ + kv_heads_ + kvh) * d_;
-      T* vdst = vc + (slot * kv_heads_ + kvh) * d_;
-      for (int64_t i = 0; i < d_; ++i) vdst[i] = static_cast<T>(v[i]);
+      if constexpr (std::is_same_v<T, tessera_attn::Fp8>) {  // FP8 rows: quantized from float32, as write_kv does
+        const int64_t hd = d_ + tessera_attn::kScaleElems<T>;
+        sc.k.resize(static_cast<size_t>(d_));
+        rotate(row + (heads_ + kvh) * d_, sc.k.data());
+        tessera_attn::quantize_fp8_row(sc.k.data(), d_, kc + (slot * kv_heads_ + kvh) * hd);
+        tessera_attn::quantize_fp8_row(v, d_, vc + (slot * kv_heads_ + kvh) * hd);
+      } else {
+        rotate(row + (heads_ + kvh) * d_, kc + (slot * kv_heads_ + kvh) * d_);
+        T* vdst = vc + (slot * kv_heads_ + kvh) * d_;
+        for (int64_t i = 0; i < d_; ++i) vdst[i] = static_cast<T>(v[i]);
+      }
       tessera_attn::attend(sc.q.data(), kc, vc, a.tables + r * a.width, a.lens[r], kvh, 1, group, kv_heads_, d_,
                            a.block_size, a.num_blocks, scale_, sc.scores, sc.acc,
                            attn_.data() + (r * heads_ + kvh * group) * d_);
