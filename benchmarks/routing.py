@@ -1,6 +1,7 @@
 """Routing policies across real workers: round-robin, least-loaded, (affinity,) cache-aware, in one run.
 
     python -m benchmarks.routing [--workers 3] [--tenants 6] [--users 2] [--turns 3] [--rate 0.15] [--rounds 1]
+    python -m benchmarks.routing --gateways 1,2,3 [--unshared]    # through real gateway processes
 
 Starts `--workers` SmolLM2-135M workers (one torch thread each, a small KV cache so they cannot all
 hold every tenant's prefix) and drives them with the gateway's own routing code
@@ -21,6 +22,10 @@ side, to the first content token), output tokens/s and requests/s over the phase
 open-loop per conversation, so equal requests/s means every policy kept up with it). `--rounds N`
 repeats the passes in rotated order and pools them. The CPU is shared with other work: compare
 within one run.
+
+`--gateways 1,2,3` measures something else with the same workers and schedule: cache-aware routing
+through 1, 2 and 3 real gateway processes sharing their routing table in Redis, the client
+round-robining over them (benchmarks/routing_gateways.py; results in routing_gateways.{json,md}).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from pathlib import Path
 import httpx
 import orjson
 
+from benchmarks import routing_gateways
 from benchmarks.common import environment, fmt, percentile, write_results
 from benchmarks.gateway import free_port
 from benchmarks.serve_client import wait_ready
@@ -251,8 +257,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=1,
                     help="passes of the schedule per policy, interleaved (1: ~6 min on 2 cores; 2 for steadier tails)")
-    ap.add_argument("--name", default="routing")
+    ap.add_argument("--name", default="")
+    ap.add_argument("--gateways", default="", help="e.g. 1,2,3: cache-aware through that many gateway processes")
+    ap.add_argument("--unshared", action="store_true", help="with --gateways: also the most gateways, table not shared")
     args = ap.parse_args()
+    args.name = args.name or ("routing_gateways" if args.gateways else "routing")
     flags = [f"--kv-cache-memory={args.kv_cache_memory}", "--threads=1", "--max-num-seqs=8",
              "--max-num-batched-tokens=256"]
     systems, convs = workload(args)
@@ -269,26 +278,38 @@ def main() -> None:
             procs, urls = start_workers(args.workers, flags, env)
             warm = [Conversation(0, 0.0, ["warm up"])]
             asyncio.run(run_phase("round_robin", "warm", urls, ["hello"], warm * args.workers, args))  # page in
-            policies = args.policies.split(",")
-            passes: dict[str, list] = {p: [] for p in policies}
-            for r in range(args.rounds):  # each round in another order: the host's load drifts
-                for policy in policies[r % len(policies):] + policies[:r % len(policies)]:
-                    results, elapsed = asyncio.run(run_phase(policy, f"{policy}-{r}", urls, systems, convs, args))
-                    passes[policy].append((results, elapsed))
-                    ttft = [x.ttft for x in results]
-                    print(f"round {r} {policy}: TTFT p50/p95 {percentile(ttft, 50) * 1e3:.0f}/"
-                          f"{percentile(ttft, 95) * 1e3:.0f} ms, {len(results) / elapsed:.2f} req/s", flush=True)
-            rows = [summarize(p, passes[p], urls) for p in policies]
+            if args.gateways:
+                rows, render = routing_gateways.run(args, systems, convs, urls, MODEL, tmp), routing_gateways.table
+            else:
+                rows, render = policies_compared(args, urls, systems, convs), table
         finally:
             for proc in procs:
                 proc.terminate()
             for proc in procs:
                 proc.wait(timeout=30)
+    finish(args, flags, {"worker_flags": flags, "rows": rows}, rows, render)
+
+
+def policies_compared(args: argparse.Namespace, urls: list[str], systems: list[str],
+                      convs: list[Conversation]) -> list[dict]:
+    policies = args.policies.split(",")
+    passes: dict[str, list] = {p: [] for p in policies}
+    for r in range(args.rounds):  # each round in another order: the host's load drifts
+        for policy in policies[r % len(policies):] + policies[:r % len(policies)]:
+            results, elapsed = asyncio.run(run_phase(policy, f"{policy}-{r}", urls, systems, convs, args))
+            passes[policy].append((results, elapsed))
+            ttft = [x.ttft for x in results]
+            print(f"round {r} {policy}: TTFT p50/p95 {percentile(ttft, 50) * 1e3:.0f}/"
+                  f"{percentile(ttft, 95) * 1e3:.0f} ms, {len(results) / elapsed:.2f} req/s", flush=True)
+    return [summarize(p, passes[p], urls) for p in policies]
+
+
+def finish(args: argparse.Namespace, flags: list[str], data: dict, rows: list[dict], render) -> None:
     env_info = environment()
     args.load_after = os.getloadavg()[0]
-    text = table(rows, args, flags, env_info)
+    text = render(rows, args, flags, env_info)
     print(text)
-    write_results(args.name, {"env": env_info, "args": vars(args), "worker_flags": flags, "rows": rows}, text)
+    write_results(args.name, {"env": env_info, "args": vars(args), **data}, text)
 
 
 if __name__ == "__main__":
