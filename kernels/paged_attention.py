@@ -14,11 +14,11 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._kv_operands import check_caches, fp8_bits_to_f16
 from kernels._launch import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     check_devices,
-    check_same_dtype,
     check_shape,
     check_tensor,
     dot_block,
@@ -36,13 +36,17 @@ def _paged_decode_attention_kernel(
     lse_ptr,  # float32 [S, H, SPLITS] log2-sum-exp of each split (written when SPLITS > 1)
     q_ptr,  # [S, H, D]
     k_cache_ptr,  # [num_blocks, block_size, Hkv, D]
-    v_cache_ptr,  # [num_blocks, block_size, Hkv, D]
+    v_cache_ptr,  # [num_blocks, block_size, Hkv, D] (FP8: uint8 [num_blocks, block_size, Hkv, D + 2])
+    k_scale_ptr,  # FP8: float16 [num_blocks, block_size, Hkv] strided view of the key rows' scales
+    v_scale_ptr,  # FP8: the value rows' scales
     block_tables_ptr,  # int32 [S, max_blocks_per_seq]
     context_lens_ptr,  # int32 [S]
     qk_scale,  # softmax scale times log2(e): the kernel works in base 2
     stride_q_s, stride_q_h,
     stride_k_b, stride_k_t, stride_k_h,
     stride_v_b, stride_v_t, stride_v_h,
+    stride_ks_b, stride_ks_t, stride_ks_h,
+    stride_vs_b, stride_vs_t, stride_vs_h,
     stride_bt_s,
     stride_o_s, stride_o_h, stride_o_split,
     stride_lse_s, stride_lse_h,
@@ -54,6 +58,7 @@ def _paged_decode_attention_kernel(
     BLOCK_N: tl.constexpr,  # context tokens per iteration
     BLOCK_D: tl.constexpr,  # >= D
     DOT_PRECISION: tl.constexpr,
+    FP8: tl.constexpr,  # the cache is kernels/kv_fp8.py's layout: E4M3 bytes, a float16 scale per row
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -82,17 +87,31 @@ def _paged_decode_attention_kernel(
         slot = block.to(tl.int64)[:, None]
         in_block = (pos % KV_BLOCK_SIZE)[:, None]
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_cache_ptr + slot * stride_k_b + in_block * stride_k_t + kv_head * stride_k_h
-                    + offs_d[None, :], mask=kv_mask, other=0.0)
+        k_offs = slot * stride_k_b + in_block * stride_k_t + kv_head * stride_k_h + offs_d[None, :]
+        if FP8:  # exact values x 2^-8 in q's dtype; the row's scale (and the 2^8) goes on its scores
+            k = fp8_bits_to_f16(tl.load(k_cache_ptr + k_offs, mask=kv_mask, other=0)).to(q.dtype)
+            k_scale = tl.load(k_scale_ptr + slot * stride_ks_b + in_block * stride_ks_t + kv_head * stride_ks_h,
+                              mask=mask_n[:, None], other=0.0).to(tl.float32) * 256.0
+        else:
+            k = tl.load(k_cache_ptr + k_offs, mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_H, BLOCK_N]
+        if FP8:
+            s = s * tl.trans(k_scale)
         s = tl.where(mask_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + slot * stride_v_b + in_block * stride_v_t + kv_head * stride_v_h
-                    + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        v_offs = slot * stride_v_b + in_block * stride_v_t + kv_head * stride_v_h + offs_d[None, :]
+        if FP8:  # the value rows' scales weigh the probabilities: sum_n p_n s_n v_n
+            v = fp8_bits_to_f16(tl.load(v_cache_ptr + v_offs, mask=kv_mask, other=0)).to(q.dtype)
+            v_scale = tl.load(v_scale_ptr + slot * stride_vs_b + in_block * stride_vs_t + kv_head * stride_vs_h,
+                              mask=mask_n[:, None], other=0.0).to(tl.float32) * 256.0
+            pv = p * tl.trans(v_scale)
+        else:
+            v = tl.load(v_cache_ptr + v_offs, mask=kv_mask, other=0.0)
+            pv = p
+        acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     # An empty range (context shorter than this split's start) leaves l_i = 0: write zeros.
@@ -166,10 +185,8 @@ def paged_decode_attention(
     num_seqs, num_heads, head_dim = q.shape
     check_tensor(op, "key_cache", key_cache, ndim=4)
     num_blocks, block_size, num_kv_heads, _ = key_cache.shape
-    check_shape(op, "key_cache", key_cache, [None, None, None, head_dim])
     check_tensor(op, "value_cache", value_cache, ndim=4)
-    check_shape(op, "value_cache", value_cache, list(key_cache.shape))
-    check_same_dtype(op, q=q, key_cache=key_cache, value_cache=value_cache)
+    fp8, k_scales, v_scales, scale_strides = check_caches(op, q, key_cache, value_cache)
     if num_heads % num_kv_heads:
         fail(op, f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
     check_tensor(op, "block_tables", block_tables, ndim=2, dtypes=INDEX_DTYPES)
@@ -196,11 +213,12 @@ def paged_decode_attention(
         target, lse = out, out  # lse is not touched with one split
         strides = (out.stride(0), out.stride(1), 0, 0, 0)
     _paged_decode_attention_kernel[(num_seqs, num_kv_heads, splits)](
-        target, lse, q, key_cache, value_cache, block_tables, context_lens,
+        target, lse, q, key_cache, value_cache, k_scales, v_scales, block_tables, context_lens,
         scale * _LOG2E,
         q.stride(0), q.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        *scale_strides,
         block_tables.stride(0),
         *strides,
         head_dim,
@@ -213,6 +231,7 @@ def paged_decode_attention(
         BLOCK_N=64,
         BLOCK_D=block_d,
         DOT_PRECISION=dot_precision(q.dtype),
+        FP8=fp8,
         num_warps=4,
     )
     if splits > 1:
