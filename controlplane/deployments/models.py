@@ -314,3 +314,22 @@ class AutoscalerState(models.Model):
 
     def __str__(self) -> str:
         return f"autoscaler of {self.deployment_id}"
+
+
+class LoadCurve(models.Model):
+    """The latest load curve a worker class measured for a deployment: what its steps cost on that
+    hardware (dataplane/engine/load_curve.py, reported with a replica's "ready"). Capacity planning
+    (capacity/, `manage.py capacity_plan`) reads it; a newer measurement replaces the older one."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="load_curves")
+    worker_class = models.CharField(max_length=128)
+    worker = models.CharField(max_length=128, help_text="The worker that measured it.")
+    engine_args = models.JSONField(default=dict, blank=True, help_text="The deployment's engine_args then.")
+    curve = models.JSONField()
+    measured_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["deployment", "worker_class"], name="one_curve_per_class")]
+
+    def __str__(self) -> str:
+        return f"load curve of {self.deployment_id} on {self.worker_class}"

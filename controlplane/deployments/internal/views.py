@@ -58,6 +58,7 @@ class ReportSerializer(serializers.Serializer):
     kind = serializers.CharField(required=False, allow_blank=True, default="", max_length=16)
     load_seconds = serializers.FloatField(required=False, allow_null=True, default=None)
     gate = serializers.DictField(required=False, allow_null=True, default=None)
+    load_curve = serializers.DictField(required=False, allow_null=True, default=None)  # capacity/curve.py
 
 
 @extend_schema(exclude=True)
@@ -134,6 +135,7 @@ class PlacementStatusView(WorkerView):
         body = self.body(request, ReportSerializer)
         body.pop("load_seconds", None)
         body.pop("gate", None)
+        body.pop("load_curve", None)
         return Response(services.placement_report(worker=self.bound_worker(request, name), placement_id=placement_id, **body))
 
 

@@ -8,13 +8,16 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
+from billing.costs.classes import worker_class_of
 from controlplane.errors import ApplicationError
 
 from .. import adapter_store, conf, dispatch
+from ..capacity.curve import LoadCurve as ParsedCurve
 from ..models import (
     Adapter,
     AdapterPlacement,
     AdapterStatus,
+    LoadCurve,
     PlacementStatus,
     Replica,
     ReplicaStatus,
@@ -33,7 +36,8 @@ def _check(status: str) -> None:
 
 
 def replica_report(*, worker: Worker, replica_id: int, attempt: int, status: str, reason: str = "",
-                   permanent: bool = False, load_seconds: float | None = None, gate: dict | None = None) -> dict:
+                   permanent: bool = False, load_seconds: float | None = None, gate: dict | None = None,
+                   load_curve: dict | None = None) -> dict:
     """-> {"applied": bool, "status": the replica's status afterwards (or "gone")}."""
     _check(status)
     with transaction.atomic():
@@ -50,6 +54,8 @@ def replica_report(*, worker: Worker, replica_id: int, attempt: int, status: str
             replica.save(update_fields=["reason", "updated_at"])
         elif status == "ready" and replica.status == ReplicaStatus.LOADING:
             replica_mark_ready(replica=replica, load_seconds=load_seconds, gate=gate)
+            if load_curve is not None:
+                load_curve_record(replica=replica, worker=worker, curve=load_curve)
         elif status == "failed" and replica.status in (ReplicaStatus.LOADING, ReplicaStatus.READY):
             replica_fail(replica=replica, reason=reason or "the worker reported a failure", permanent=permanent,
                          gate=gate)
@@ -73,6 +79,22 @@ def replica_mark_ready(*, replica: Replica, load_seconds: float | None = None, g
     dispatch.reconcile_soon()  # adapters follow; a drained worker's old replica may now stop
     log.info("replica ready", extra={"replica": replica.pk, "deployment": replica.deployment_id,
                                      "worker": replica.worker_id, "load_seconds": load_seconds})
+
+
+def load_curve_record(*, replica: Replica, worker: Worker, curve: dict) -> LoadCurve | None:
+    """Keep the curve the worker measured as its class's latest for the deployment; one that does not
+    parse is logged and dropped (planning input: never a reason to refuse a ready replica)."""
+    try:
+        ParsedCurve.from_dict(curve)
+    except ValueError as exc:
+        log.warning("load curve ignored", extra={"replica": replica.pk, "worker": worker.name, "error": str(exc)})
+        return None
+    record, _ = LoadCurve.objects.update_or_create(
+        deployment_id=replica.deployment_id,
+        worker_class=worker_class_of(labels=worker.labels, accelerator=worker.accelerator),
+        defaults={"worker": worker.name, "curve": curve, "measured_at": timezone.now(),
+                  "engine_args": replica.deployment.engine_args})
+    return record
 
 
 def replica_fail(*, replica: Replica, reason: str, permanent: bool, gate: dict | None = None) -> None:
