@@ -36,6 +36,7 @@ class LoadCurve:
     kv_cache_tokens: int
     threads: int | None = None
     device: str = ""
+    long_context: dict | None = None  # as measured: {"batch", "tokens", "seconds"}
 
     @classmethod
     def from_dict(cls, data: object) -> LoadCurve:
@@ -49,12 +50,14 @@ class LoadCurve:
         intercept, slope = _line(prefill)
         context_slope = 0.0
         long = data.get("long_context")
+        kept_long = None
         if long is not None:
             if not isinstance(long, dict):
                 raise ValueError("load curve: long_context is not an object")
             batch = _positive_int(long.get("batch"), "long_context.batch")
             tokens = _positive_int(long.get("tokens"), "long_context.tokens")
             seconds = _seconds(long.get("seconds"), "long_context.seconds")
+            kept_long = {"batch": batch, "tokens": tokens, "seconds": seconds}
             if tokens > context:
                 short = _interpolate(decode, batch)
                 context_slope = max(seconds - short, 0.0) / (batch * (tokens - context))
@@ -64,7 +67,15 @@ class LoadCurve:
                    max_num_batched_tokens=_positive_int(data.get("max_num_batched_tokens"), "max_num_batched_tokens"),
                    kv_cache_tokens=_positive_int(data.get("kv_cache_tokens"), "kv_cache_tokens"),
                    threads=data.get("threads") if isinstance(data.get("threads"), int) else None,
-                   device=str(data.get("device") or "")[:32])
+                   device=str(data.get("device") or "").replace("\x00", "")[:32], long_context=kept_long)
+
+    def to_dict(self) -> dict:
+        """The wire format again, with only what was parsed: what the control plane stores (a worker's
+        extra keys, or a NUL that PostgreSQL's jsonb refuses, never reach the database)."""
+        return {"version": VERSION, "decode": [list(p) for p in self.decode], "context_tokens": self.context_tokens,
+                "long_context": self.long_context, "prefill": [list(p) for p in self.prefill],
+                "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
+                "kv_cache_tokens": self.kv_cache_tokens, "threads": self.threads, "device": self.device}
 
     def step_seconds(self, decoding: int, prefill_tokens: int, mean_context: float = 0.0) -> float:
         """Predicted wall time of a step of `decoding` requests (one token each) and `prefill_tokens`."""

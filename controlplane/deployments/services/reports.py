@@ -85,14 +85,14 @@ def load_curve_record(*, replica: Replica, worker: Worker, curve: dict) -> LoadC
     """Keep the curve the worker measured as its class's latest for the deployment; one that does not
     parse is logged and dropped (planning input: never a reason to refuse a ready replica)."""
     try:
-        ParsedCurve.from_dict(curve)
+        parsed = ParsedCurve.from_dict(curve)
     except ValueError as exc:
         log.warning("load curve ignored", extra={"replica": replica.pk, "worker": worker.name, "error": str(exc)})
         return None
     record, _ = LoadCurve.objects.update_or_create(
         deployment_id=replica.deployment_id,
         worker_class=worker_class_of(labels=worker.labels, accelerator=worker.accelerator),
-        defaults={"worker": worker.name, "curve": curve, "measured_at": timezone.now(),
+        defaults={"worker": worker.name, "curve": parsed.to_dict(), "measured_at": timezone.now(),
                   "engine_args": replica.deployment.engine_args})
     return record
 

@@ -45,8 +45,16 @@ def test_the_ready_report_keeps_the_curve_as_its_class_latest(ready_replica):
     ready_replica(curve_dict())
     record = LoadCurve.objects.get()
     assert (record.worker_class, record.worker, record.deployment.name) == ("cpu", "w1", "smollm2-135m-instruct")
-    assert record.curve == curve_dict() and record.engine_args == {"max_num_seqs": 16}
+    assert record.curve == {k: v for k, v in curve_dict().items() if k != "sweep_seconds"}
+    assert Curve.from_dict(record.curve) == Curve.from_dict(curve_dict())
+    assert record.engine_args == {"max_num_seqs": 16}
     assert timezone.now() - record.measured_at < dt.timedelta(seconds=30)
+
+
+def test_only_the_parsed_curve_is_stored_no_extra_keys_and_no_nul(ready_replica):
+    ready_replica({**curve_dict(device="cpu\x00x"), "note": "a\x00b", "padding": ["x"] * 1000})
+    record = LoadCurve.objects.get()
+    assert record.curve["device"] == "cpux" and "note" not in record.curve and "padding" not in record.curve
 
 
 def test_a_second_class_gets_its_own_curve_and_a_malformed_one_is_dropped_but_the_replica_is_ready(
