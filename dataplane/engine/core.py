@@ -35,6 +35,7 @@ class MemoryReport:
     kv_bytes_per_token: int  # 2 x layers x kv_heads x head_dim x dtype bytes
     num_blocks: int
     block_size: int
+    kv_cache_dtype: str = "auto"  # what the cache holds: "fp8", or the model's dtype's name ("bfloat16", ...)
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -64,7 +65,9 @@ class EngineCore:
             raise ValueError(f"kv_cache_memory: {cache_config.kv_cache_memory} bytes hold no block of "
                              f"{cache_config.block_size} tokens at {per_token} bytes per token")
         self.memory = MemoryReport(self.model.weight_bytes, num_blocks * cache_config.block_size * per_token,
-                                   per_token, num_blocks, cache_config.block_size)
+                                   per_token, num_blocks, cache_config.block_size,
+                                   "fp8" if cache_config.kv_cache_dtype == "fp8" else
+                                   str(self.model.dtype).removeprefix("torch."))
         report = (f"{self.model_name}: weights {self.memory.weight_bytes / 2**20:.1f} MiB "
                   f"({model_config.torch_dtype}); KV cache {self.memory.kv_cache_bytes / 2**20:.1f} MiB = "
                   f"{num_blocks} blocks x {cache_config.block_size} tokens = {self.memory.kv_cache_tokens} tokens "

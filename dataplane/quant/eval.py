@@ -6,6 +6,11 @@
   baseline's greedy continuation of each prompt is fed to the candidate, and at each position
   we check that the candidate's argmax is the baseline's token. Unlike comparing two free-running
   generations, one early difference does not make every later position differ.
+
+Each takes the KV cache's dtype (`kv_cache_dtype="fp8"`: kernels/kv_fp8.py), so the same measures score
+an FP8 cache against the model's own (dataplane/quant/gate.py's kv_fp8 gate). A prefill reads its
+K/V back rounded through FP8 as decodes read the cache (runner/attention.py), so a prefill's logits are
+what a decode over that cache would see.
 """
 
 from __future__ import annotations
@@ -16,35 +21,41 @@ import torch
 
 from dataplane.models.llama import LlamaModel
 from dataplane.models.loader import LoadedModel
-from dataplane.runner.attention import AttentionMetadata, make_prefill_chunk
+from dataplane.runner.attention import AttentionMetadata, allocate_kv_cache, make_prefill_chunk
 
 BLOCK_SIZE = 16
 
 
-def prefill_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
+def prefill_logits(model: LlamaModel, ids: list[int], kv_cache_dtype: str = "auto") -> torch.Tensor:
     """float32 [len(ids), vocab]: the next-token logits after each prefix, from one prefill."""
     a, dev, n = model.args, model.device, len(ids)
     blocks = -(-n // BLOCK_SIZE)
-    shape = (blocks, BLOCK_SIZE, a.num_kv_heads, a.head_dim)
-    caches = [(torch.zeros(shape, dtype=model.dtype, device=dev), torch.zeros(shape, dtype=model.dtype, device=dev))
-              for _ in range(a.num_layers)]
+    layer = (blocks, BLOCK_SIZE, a.num_kv_heads, a.head_dim, model.dtype, dev, kv_cache_dtype)
+    caches = [(allocate_kv_cache(*layer), allocate_kv_cache(*layer)) for _ in range(a.num_layers)]
     meta = AttentionMetadata(slot_mapping=torch.arange(n, device=dev), block_size=BLOCK_SIZE,
                              prefills=[make_prefill_chunk(0, n, 0, list(range(blocks)), dev)])
     positions = torch.arange(n, device=dev)
     return model.forward(torch.tensor(ids, device=dev), positions, meta, caches, positions).cpu()
 
 
-def perplexity(model: LlamaModel, ids: list[int], window: int = 512) -> float:
-    nll, count = 0.0, 0
+def token_logprobs(model: LlamaModel, ids: list[int], window: int = 512, kv_cache_dtype: str = "auto") -> torch.Tensor:
+    """float32 [len(ids) - 1]: each next token's log-probability, in windows of `window` tokens."""
+    out = []
     for start in range(0, len(ids) - 1, window):
         chunk = ids[start : start + window + 1]
         if len(chunk) < 2:
             break
-        logp = torch.log_softmax(prefill_logits(model, chunk[:-1]), dim=-1)
-        target = torch.tensor(chunk[1:])
-        nll -= float(logp[torch.arange(len(target)), target].sum())
-        count += len(target)
-    return math.exp(nll / count)
+        logp = torch.log_softmax(prefill_logits(model, chunk[:-1], kv_cache_dtype), dim=-1)
+        out.append(logp[torch.arange(len(chunk) - 1), torch.tensor(chunk[1:])])
+    return torch.cat(out)
+
+
+def perplexity(model: LlamaModel, ids: list[int], window: int = 512, kv_cache_dtype: str = "auto") -> float:
+    return perplexity_of(token_logprobs(model, ids, window, kv_cache_dtype))
+
+
+def perplexity_of(logprobs: torch.Tensor) -> float:
+    return math.exp(-float(logprobs.double().mean()))
 
 
 def greedy_continuations(loaded: LoadedModel, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -57,11 +68,12 @@ def greedy_continuations(loaded: LoadedModel, prompts: list[list[int]], max_toke
     return [list(o.token_ids) for o in llm.generate(prompts, params)]
 
 
-def greedy_agreement(model: LlamaModel, prompts: list[list[int]], references: list[list[int]]) -> float:
+def greedy_agreement(model: LlamaModel, prompts: list[list[int]], references: list[list[int]],
+                     kv_cache_dtype: str = "auto") -> float:
     """Fraction of positions where the model's argmax, given the reference so far, is the reference token."""
     hits = total = 0
     for prompt, ref in zip(prompts, references, strict=True):
-        logits = prefill_logits(model, prompt + ref[:-1])[len(prompt) - 1 :]
+        logits = prefill_logits(model, prompt + ref[:-1], kv_cache_dtype)[len(prompt) - 1 :]
         hits += int((logits.argmax(-1) == torch.tensor(ref)).sum())
         total += len(ref)
     return hits / max(total, 1)

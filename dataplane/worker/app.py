@@ -36,6 +36,12 @@ def _json(body: object, status: int = 200, headers: dict[str, str] | None = None
     return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
 
 
+def _kv_cache_dtype(engine: object) -> str | None:
+    """What the engine's KV cache holds ("fp8", "bfloat16", ...) for /v1/models; None while nothing serves."""
+    memory = getattr(getattr(engine, "core", None), "memory", None)
+    return getattr(memory, "kv_cache_dtype", None)
+
+
 def _request_id(request: Request) -> str:
     rid = request.headers.get("x-request-id", "").strip()
     if rid and len(rid) <= 128 and rid.isascii() and rid.isprintable():
@@ -116,6 +122,7 @@ def create_app(state: WorkerState) -> Starlette:
         card = {"id": config.model_id, "object": "model", "created": state.created, "owned_by": "tessera",
                 "root": config.model, "parent": None,
                 "max_model_len": state.engine.max_model_len if state.engine else None,
+                "kv_cache_dtype": _kv_cache_dtype(state.engine),
                 "tool_call_parser": state.serving.tool_parser_name if state.serving else None}
         return _json({"object": "list", "data": [card, *adapters.model_cards(state)]})
 

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
-from dataplane.config import LoRAConfig, parse_bytes
+from dataplane.config import KV_CACHE_DTYPES, LoRAConfig, parse_bytes
 from dataplane.sampling_params import POOLING_TYPES
 from dataplane.spec_decode.config import SpeculativeConfig
 
@@ -33,6 +33,10 @@ class WorkerConfig:
     # when dtype is auto), the dtype itself, or float16 (float32 compute on the CPU only)
     weight_dtype: str = "auto"
     kv_cache_memory: str = "1GiB"
+    # auto (the model's dtype) or fp8 (E4M3 with a scale per token and KV head: about twice the blocks in
+    # kv_cache_memory; docs/kv_cache.md). A managed worker (the agent) gates fp8 before serving it
+    # (dataplane/quant/gate.py, method kv_fp8); one that loads its model at start-up serves it unchecked
+    kv_cache_dtype: str = "auto"
     block_size: int = 16
     max_model_len: int | None = None
     max_num_seqs: int = 64
@@ -127,6 +131,8 @@ class WorkerConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port: must be in [0, 65535], got {self.port}")
         parse_bytes(self.kv_cache_memory, name="kv_cache_memory")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype: must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_n", "default_max_tokens", "block_size",
                      "max_embedding_inputs"):
             if getattr(self, name) < 1:
@@ -189,6 +195,7 @@ class WorkerConfig:
     def engine_kwargs(self) -> dict[str, object]:
         return {
             "dtype": self.dtype, "weight_dtype": self.weight_dtype, "kv_cache_memory": self.kv_cache_memory,
+            "kv_cache_dtype": self.kv_cache_dtype,
             "block_size": self.block_size,
             "max_model_len": self.max_model_len, "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens, "max_waiting": self.max_waiting,

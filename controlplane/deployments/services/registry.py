@@ -27,8 +27,9 @@ from ..models import name_validator as _name_validator
 PLACEMENT_KEYS = {"accelerator", "min_memory_gib", "labels", "workers"}
 ENGINE_ARGS = {"dtype", "weight_dtype", "kv_cache_memory", "block_size", "max_model_len", "max_num_seqs",
                "max_num_batched_tokens", "enable_prefix_caching", "seed", "max_waiting", "max_loras", "max_lora_rank",
-               "tool_call_parser", "tensor_parallel_size"}
+               "tool_call_parser", "tensor_parallel_size", "kv_cache_dtype"}
 TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3_json", "pythonic")  # the worker's tool_call_parser
+KV_CACHE_DTYPES = ("auto", "fp8")  # the engine's kv_cache_dtype (dataplane/config.py); fp8 is gated at load
 MODEL_FIELDS = {"source", "architecture", "context_length", "quantizations", "quantized_sources", "description"}
 
 
@@ -97,6 +98,9 @@ def _check_engine_args(engine_args: Any) -> dict:
         raise _invalid(f"engine_args: unknown keys {sorted(unknown)} (use {sorted(ENGINE_ARGS)}).", "engine_args")
     if "tool_call_parser" in engine_args and engine_args["tool_call_parser"] not in TOOL_CALL_PARSERS:
         raise _invalid(f"engine_args.tool_call_parser: one of {list(TOOL_CALL_PARSERS)}.", "engine_args")
+    if "kv_cache_dtype" in engine_args and engine_args["kv_cache_dtype"] not in KV_CACHE_DTYPES:
+        raise _invalid(f"engine_args.kv_cache_dtype: one of {list(KV_CACHE_DTYPES)} (fp8: E4M3 with per-token "
+                       "scales, twice the blocks, served only after its quality gate passes).", "engine_args")
     tp = engine_args.get("tensor_parallel_size", 1)
     if not isinstance(tp, int) or isinstance(tp, bool) or not 1 <= tp <= 1024:
         raise _invalid("engine_args.tensor_parallel_size: an integer from 1 (one device per replica) up; the "

@@ -188,7 +188,38 @@ class EngineSlot:
         return source
 
     def quality_gate(self, spec: dict, source: str) -> dict | None:
-        """Quantized replicas serve only after dataplane.quant.gate passes them (when that module exists)."""
+        """Quantized replicas, and replicas on an FP8 KV cache, serve only after dataplane.quant.gate passes
+        them (when that module exists): the weights' gate, then the cache's."""
+        weights = self._weights_gate(spec, source)
+        args = {**self.state.config.engine_kwargs(), **(spec.get("engine_args") or {})} \
+            if getattr(self.state, "config", None) is not None else dict(spec.get("engine_args") or {})
+        if args.get("kv_cache_dtype", "auto") == "auto":
+            return weights
+        cache = self._kv_cache_gate(spec, source, args)
+        if weights is None:
+            return cache
+        return {"passed": True, "reason": f"{weights['reason']}; kv cache: {cache['reason']}", "kv_cache": cache}
+
+    def _kv_cache_gate(self, spec: dict, source: str, args: dict) -> dict:
+        """The model as it will serve (weights' quantization included) with the FP8 cache, against itself
+        with the cache in its dtype; a replica that fails it does not load."""
+        kv = args["kv_cache_dtype"]
+        from dataplane.quant.gate import quality_gate
+
+        method = spec.get("engine_quantization")
+        at_load = method if method and source == spec["model"].get("base_source", source) else None
+        try:
+            report = quality_gate(source, source, kv_cache_dtype=kv, quantization=at_load,
+                                  dtype=args.get("dtype") or "auto")
+        except Exception as exc:  # noqa: BLE001 - a gate that cannot run does not pass
+            raise LoadError(f"quality gate for the {kv} KV cache could not run: {exc!r}", permanent=True) from exc
+        result = {"passed": bool(report.passed), "reason": str(report.reason), "kv_cache_dtype": kv}
+        if not report.passed:
+            raise LoadError(f"quality gate failed for the {kv} KV cache: {result['reason']}", permanent=True,
+                            gate=result)
+        return result
+
+    def _weights_gate(self, spec: dict, source: str) -> dict | None:
         method = spec.get("engine_quantization")
         if not method:
             return None
