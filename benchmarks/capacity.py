@@ -131,11 +131,15 @@ def main() -> None:
         for proc in procs:
             proc.wait(30)
     needed = next((r["workers"] for r in fleet if r["held"]), None)
+    held = [r["factor"] for r in singles if r["held"]]
+    broke = [r["factor"] for r in singles if not r["held"]]
     data = {"environment": environment(), "targets_ms": [ttft_ms, itl_ms], "prompt_tokens": args.prompt_tokens,
             "output_tokens": args.output_tokens, "seconds": args.seconds, "engine": ENGINE, "curve": curve_data,
             "predicted_replica_rps": capacity, "single": [_strip(r) for r in singles],
             "planned_load_rps": load, "planned_replicas": plan.replicas, "fleet": [_strip(r) for r in fleet],
             "needed_replicas": needed,
+            # where one real worker's edge lies, in units of the predicted capacity
+            "edge": {"held_up_to": max(held, default=None), "broke_from": min(broke, default=None)},
             "within_one_replica": needed is not None and abs(plan.replicas - needed) <= 1}
     jpath, mpath = write_results("capacity", data, table(data))
     print(table(data))
@@ -165,6 +169,10 @@ def table(d: dict) -> str:
     for r in d["fleet"]:
         lines.append(f"| {r['workers']} | {r['rps']:.2f} | 1.5 | {r['ttft_p95_ms']:.0f} | {r['itl_p95_ms']:.1f} | "
                      f"{r['ttft_within']:.0%} | {r['itl_within']:.0%} | {'yes' if r['held'] else 'no'} |")
+    edge = d["edge"]
+    lines.append(f"\nOne real worker held the targets up to {edge['held_up_to'] or 0:.1f}× the predicted capacity"
+                 + (f" and missed them from {edge['broke_from']:.1f}×" if edge["broke_from"] else " (every rate tried)")
+                 + ".")
     lines.append(f"\nAt {d['planned_load_rps']:.2f} req/s the plan says **{d['planned_replicas']}** replicas; the run "
                  f"needed **{d['needed_replicas'] if d['needed_replicas'] is not None else 'more than 2'}** "
                  f"({'within' if d['within_one_replica'] else 'NOT within'} ±1 replica).")
