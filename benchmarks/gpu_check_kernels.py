@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels import kv_fp8
 from kernels import reference as R
 
 # The tolerances of tests/kernels/helpers.py: float32 differs by summation order only; 16-bit
@@ -142,6 +143,12 @@ def _dtype_rows(s: Shapes, device: str, dt: torch.dtype, k: dict, gen: torch.Gen
     case("paged_decode_attention", f"{len(ctx)} seqs, ctx<={max(ctx)}",
          lambda: k["paged_attention"].paged_decode_attention(qd, kc, vc, tables, lens, d**-0.5),
          lambda: R.paged_decode_attention_ref(qd, kc, vc, tables, lens, d**-0.5))
+    # The FP8 KV cache (kernels/kv_fp8.py): the same caches quantized; judged against the output's scale,
+    # as the kernels round the scaled probabilities to the dtype before their value dots.
+    k8, v8 = kv_fp8.quantize(kc), kv_fp8.quantize(vc)
+    case("paged_decode_attention (fp8 cache)", f"{len(ctx)} seqs, ctx<={max(ctx)}",
+         lambda: k["paged_attention"].paged_decode_attention(qd, k8, v8, tables, lens, d**-0.5),
+         lambda: R.paged_decode_attention_ref(qd, k8, v8, tables, lens, d**-0.5), gemm=True)
 
     q_lens, pctx = [c[0] for c in s.prefill_chunks], [c[1] for c in s.prefill_chunks]
     kc, vc, tables = _paged(s, pctx, dt, device, gen)
@@ -151,6 +158,10 @@ def _dtype_rows(s: Shapes, device: str, dt: torch.dtype, k: dict, gen: torch.Gen
     case("prefill_attention", f"chunks {q_lens} ctx {pctx}",
          lambda: k["prefill_attention"].prefill_attention(qp, kc, vc, tables, cu, plens, d**-0.5),
          lambda: R.prefill_attention_ref(qp, kc, vc, tables, cu, plens, d**-0.5))
+    k8, v8 = kv_fp8.quantize(kc), kv_fp8.quantize(vc)
+    case("prefill_attention (fp8 cache)", f"chunks {q_lens} ctx {pctx}",
+         lambda: k["prefill_attention"].prefill_attention(qp, k8, v8, tables, cu, plens, d**-0.5),
+         lambda: R.prefill_attention_ref(qp, k8, v8, tables, cu, plens, d**-0.5), gemm=True)
 
     lora_a = rnd(s.slots, s.rank, h, dtype=dt, scale=h**-0.5)
     lora_b = rnd(s.slots, h, s.rank, dtype=dt, scale=s.rank**-0.5)

@@ -15,7 +15,8 @@ def test_every_kernel_matches_its_reference_on_tiny_shapes() -> None:
     rows = kernel_table(TINY, "cpu", dtypes=(torch.float32, torch.bfloat16))
     names = {r.kernel for r in rows}
     assert {"rms_norm+residual", "rotary (q)", "silu_and_mul", "paged_decode_attention", "prefill_attention",
-            "bgmv_shrink", "sgmv_shrink", "bgmv_expand", "sgmv_expand", "fp8_linear", "awq_gemm"} <= names
+            "bgmv_shrink", "sgmv_shrink", "bgmv_expand", "sgmv_expand", "fp8_linear", "awq_gemm",
+            "paged_decode_attention (fp8 cache)", "prefill_attention (fp8 cache)"} <= names
     bad = [r for r in rows if not r.ok]
     assert not bad, table_markdown(bad)
     assert all(r.max_abs_err <= r.allowed for r in rows)
