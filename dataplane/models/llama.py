@@ -23,7 +23,7 @@ from dataplane.runner.attention import (
     paged_attention_kernels,
     write_kv,
 )
-from kernels import cpu_decode, dispatch
+from kernels import cpu_decode, dispatch, kv_fp8
 
 if TYPE_CHECKING:
     from dataplane.lora.context import LoRAStepContext
@@ -160,7 +160,9 @@ class LlamaModel:
         n = input_ids.shape[0]
         norm, act, attention = self._norm, self._act, self._attention
         h = F.embedding(input_ids, self.embed)
-        fused = self._rope_kv and bool(kv_caches) and kv_caches[0][0].dtype == h.dtype
+        # the C++ rotary + KV write: a cache in the model's dtype, or FP8 (quantized there as write_kv does)
+        fused = self._rope_kv and bool(kv_caches) and (kv_caches[0][0].dtype == h.dtype
+                                                       or kv_fp8.is_fp8(kv_caches[0][0]))
         rope = None if fused else self.rotary.prepare(positions)
         for i, (layer, (key_cache, value_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x = norm(h, layer.input_norm, eps)

@@ -121,11 +121,23 @@ torch::Tensor rms_norm_cpu(const torch::Tensor& x, const torch::Tensor& weight, 
 // Rotary over adjacent pairs (the loader interleaves q/k rows for it, models/layers.Rotary):
 // (a, b) at pair i of a head -> (a cos - b sin, a sin + b cos), angle table cos_sin [max_pos, D/2, 2]
 // (Rotary.cis as real pairs), in float32 and rounded once to the output dtype, as Rotary.apply.
-// Replaces Rotary.rotate and write_kv: seven torch ops and two index_copy_ per layer.
-template <typename T>
+// Replaces Rotary.rotate and write_kv: seven torch ops and two index_copy_ per layer. An FP8 cache
+// (C = Fp8) gets each row quantized as kernels/kv_fp8.quantize does from the T values: the same bytes.
+template <typename T, typename C>
+inline void store_row(const T* src, int64_t d, C* dst, std::vector<float>& buf) {
+  if constexpr (std::is_same_v<C, Fp8>) {
+    for (int64_t i = 0; i < d; ++i) buf[static_cast<size_t>(i)] = static_cast<float>(src[i]);
+    quantize_fp8_row(buf.data(), d, dst);
+  } else {
+    std::copy(src, src + d, dst);
+  }
+}
+
+template <typename T, typename C>
 void rope_kv(const T* qkv, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t d, const float* cos_sin,
-             const int64_t* positions, const int64_t* slots, T* q_out, T* k_out, T* key_cache, T* value_cache) {
-  const int64_t width = (heads + 2 * kv_heads) * d, half = d / 2;
+             const int64_t* positions, const int64_t* slots, T* q_out, T* k_out, C* key_cache, C* value_cache) {
+  const int64_t width = (heads + 2 * kv_heads) * d, half = d / 2, hd = d + kScaleElems<C>;
+  std::vector<float> buf(static_cast<size_t>(d));
   for (int64_t t = 0; t < tokens; ++t) {
     const T* row = qkv + t * width;
     const float* cs = cos_sin + positions[t] * half * 2;
@@ -139,9 +151,10 @@ void rope_kv(const T* qkv, int64_t tokens, int64_t heads, int64_t kv_heads, int6
         dst[2 * i] = static_cast<T>(a * c - b * s);
         dst[2 * i + 1] = static_cast<T>(a * s + b * c);
       }
-      if (h >= heads) std::copy(dst, dst + d, key_cache + (slot * kv_heads + h - heads) * d);
+      if (h >= heads) store_row(dst, d, key_cache + (slot * kv_heads + h - heads) * hd, buf);
     }
-    std::copy(row + (heads + kv_heads) * d, row + width, value_cache + slot * kv_heads * d);
+    for (int64_t h = 0; h < kv_heads; ++h)
+      store_row(row + (heads + kv_heads + h) * d, d, value_cache + (slot * kv_heads + h) * hd, buf);
   }
 }
 
@@ -154,11 +167,13 @@ std::vector<torch::Tensor> rope_write_kv_cpu(const torch::Tensor& qkv, const tor
               "rope_write_kv: qkv width does not split into the head counts");
   const int64_t tokens = qkv.size(0), d = qkv.size(1) / (heads + 2 * kv_heads);
   TORCH_CHECK(d % 2 == 0, "rope_write_kv: head_dim must be even");
+  const bool fp8 = key_cache.scalar_type() == torch::kByte;  // kernels/kv_fp8.py's rows: d values + a scale
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous() && key_cache.sizes() == value_cache.sizes() &&
-                  key_cache.dim() == 4 && key_cache.size(2) == kv_heads && key_cache.size(3) == d,
-              "rope_write_kv: caches must be contiguous [blocks, block_size, kv_heads, head_dim]");
-  TORCH_CHECK(key_cache.scalar_type() == qkv.scalar_type() && value_cache.scalar_type() == qkv.scalar_type(),
-              "rope_write_kv: caches and qkv must share a dtype");
+                  key_cache.dim() == 4 && key_cache.size(2) == kv_heads &&
+                  key_cache.size(3) == d + (fp8 ? kScaleElems<Fp8> : 0),
+              "rope_write_kv: caches must be contiguous [blocks, block_size, kv_heads, head_dim (+ 2 for FP8)]");
+  TORCH_CHECK((fp8 || key_cache.scalar_type() == qkv.scalar_type()) && value_cache.scalar_type() == key_cache.scalar_type(),
+              "rope_write_kv: caches and qkv must share a dtype (or the caches be FP8)");
   TORCH_CHECK(cos_sin.scalar_type() == torch::kFloat32 && cos_sin.is_contiguous() && cos_sin.dim() == 3 &&
                   cos_sin.size(1) == d / 2 && cos_sin.size(2) == 2,
               "rope_write_kv: cos_sin must be a contiguous float32 [max_pos, head_dim / 2, 2]");
@@ -174,15 +189,29 @@ std::vector<torch::Tensor> rope_write_kv_cpu(const torch::Tensor& qkv, const tor
   }
   auto q = torch::empty({tokens, heads, d}, qkv.options());
   auto k = torch::empty({tokens, kv_heads, d}, qkv.options());
+  TORCH_CHECK(qkv.scalar_type() == torch::kFloat32 || qkv.scalar_type() == torch::kBFloat16,
+              "rope_write_kv: float32 or bfloat16");
+  Fp8* k8 = fp8 ? reinterpret_cast<Fp8*>(key_cache.data_ptr<uint8_t>()) : nullptr;
+  Fp8* v8 = fp8 ? reinterpret_cast<Fp8*>(value_cache.data_ptr<uint8_t>()) : nullptr;
   if (qkv.scalar_type() == torch::kFloat32) {
-    rope_kv<float>(qkv.data_ptr<float>(), tokens, heads, kv_heads, d, cos_sin.data_ptr<float>(), pp,
-                   sl.data_ptr<int64_t>(), q.data_ptr<float>(), k.data_ptr<float>(), key_cache.data_ptr<float>(),
-                   value_cache.data_ptr<float>());
+    const auto* x = qkv.data_ptr<float>();
+    const float* cs = cos_sin.data_ptr<float>();
+    if (fp8) {
+      rope_kv(x, tokens, heads, kv_heads, d, cs, pp, sp, q.data_ptr<float>(), k.data_ptr<float>(), k8, v8);
+    } else {
+      rope_kv(x, tokens, heads, kv_heads, d, cs, pp, sp, q.data_ptr<float>(), k.data_ptr<float>(),
+              key_cache.data_ptr<float>(), value_cache.data_ptr<float>());
+    }
   } else {
-    TORCH_CHECK(qkv.scalar_type() == torch::kBFloat16, "rope_write_kv: float32 or bfloat16");
-    rope_kv<c10::BFloat16>(qkv.data_ptr<c10::BFloat16>(), tokens, heads, kv_heads, d, cos_sin.data_ptr<float>(), pp,
-                           sl.data_ptr<int64_t>(), q.data_ptr<c10::BFloat16>(), k.data_ptr<c10::BFloat16>(),
-                           key_cache.data_ptr<c10::BFloat16>(), value_cache.data_ptr<c10::BFloat16>());
+    const auto* x = qkv.data_ptr<c10::BFloat16>();
+    const float* cs = cos_sin.data_ptr<float>();
+    if (fp8) {
+      rope_kv(x, tokens, heads, kv_heads, d, cs, pp, sp, q.data_ptr<c10::BFloat16>(), k.data_ptr<c10::BFloat16>(),
+              k8, v8);
+    } else {
+      rope_kv(x, tokens, heads, kv_heads, d, cs, pp, sp, q.data_ptr<c10::BFloat16>(), k.data_ptr<c10::BFloat16>(),
+              key_cache.data_ptr<c10::BFloat16>(), value_cache.data_ptr<c10::BFloat16>());
+    }
   }
   return {q, k};
 }

@@ -95,3 +95,32 @@ def test_cpu_decode_attention_refuses_an_fp8_cache_of_the_wrong_width() -> None:
     with pytest.raises(RuntimeError, match="sizes do not match"):
         cpu_decode.paged_decode_attention(torch.zeros(1, 1, 10), k8, k8.clone(), torch.tensor([[0]]),
                                           torch.tensor([3]), 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_rope_write_kv_stores_fp8_rows_as_write_kv_does(dtype) -> None:
+    # The engine's fused rotary + KV write on an FP8 cache stores exactly kv_fp8.quantize of the k it
+    # returns and of v (the C++ quantization is torch's, bit for bit); its k is Rotary.rotate's within rounding.
+    if not cpu_decode.available():
+        pytest.skip("no C++ CPU kernels here")
+    from dataplane.models.layers import Rotary
+    from dataplane.runner.attention import write_kv
+
+    heads, kv_heads, d, tokens = 9, 3, 64, 5
+    rot = Rotary(d, 512, 10000.0, 1.0, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(4)
+    qkv = (torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=gen) * 4).to(dtype)
+    qkv[1, -d:] = 0  # an all-zero value row
+    positions, slots = torch.tensor([0, 3, 17, 100, 511]), torch.tensor([1, 2, 40, 63, 5])
+    kc, vc = kv_fp8.allocate(4, 16, kv_heads, d), kv_fp8.allocate(4, 16, kv_heads, d)
+    q, k = cpu_decode.rope_write_kv(qkv, rot.cos_sin, positions, kc, vc, slots, heads, kv_heads)
+    kr, vr = kv_fp8.allocate(4, 16, kv_heads, d), kv_fp8.allocate(4, 16, kv_heads, d)
+    write_kv(kr, vr, k, qkv[:, (heads + kv_heads) * d :].view(tokens, kv_heads, d), slots)
+    assert torch.equal(kc, kr) and torch.equal(vc, vr)
+    q_ref, k_ref = rot.rotate(qkv, rot.prepare(positions), heads, kv_heads)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=5e-2, rtol=1e-2)
+    torch.testing.assert_close(q, q_ref, **tol)
+    torch.testing.assert_close(k, k_ref, **tol)
+    with pytest.raises(RuntimeError, match="head_dim"):  # an FP8 cache of the wrong width
+        cpu_decode.rope_write_kv(qkv, rot.cos_sin, positions, kv_fp8.allocate(4, 16, kv_heads, d - 2),
+                                 kv_fp8.allocate(4, 16, kv_heads, d - 2), slots, heads, kv_heads)
