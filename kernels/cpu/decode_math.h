@@ -83,12 +83,15 @@ inline void quantize_fp8_row(const float* x, int64_t d, Fp8* dst) {
 #ifdef TESSERA_ATTN_F16C
 // 8 E4M3 values -> 8 floats times 2^-8: each value's sign, exponent and mantissa moved into a float16
 // (exponent bias 15 against 7, hence the 2^-8; E4M3's subnormals land on float16 subnormals, exact),
-// then F16C's conversion. The callers fold the 2^8 into their scale.
+// then F16C's conversion. The callers fold the 2^8 into their scale. Sign-extending the byte puts its
+// sign in bit 15 after the shift by 7, and a copy of it in bit 14, which the mask clears.
+//
+// Measured (AVX-512 BF16 EPYC, 1 thread, 8 sequences x 2048 keys, 9/3 heads, best of 5): 2.4 ms a layer
+// against 1.9 for bf16 while the cache sits in L3; converting each row once for its 3 query heads
+// instead of per head changed nothing, so the conversion is not what bounds it.
 inline __m256 fp8x8_times_2m8(const Fp8* p) {
-  const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  const __m128i sign = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
-  const __m128i rest = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F)), 7);
-  return _mm256_cvtph_ps(_mm_or_si128(sign, rest));
+  const __m128i w = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(w, 7), _mm_set1_epi16(static_cast<short>(0xBFFF))));
 }
 #endif
 

@@ -124,3 +124,20 @@ def test_cpu_rope_write_kv_stores_fp8_rows_as_write_kv_does(dtype) -> None:
     with pytest.raises(RuntimeError, match="head_dim"):  # an FP8 cache of the wrong width
         cpu_decode.rope_write_kv(qkv, rot.cos_sin, positions, kv_fp8.allocate(4, 16, kv_heads, d - 2),
                                  kv_fp8.allocate(4, 16, kv_heads, d - 2), slots, heads, kv_heads)
+
+
+def test_cpu_decode_attention_decodes_every_e4m3_byte_exactly() -> None:
+    # Value rows holding every finite E4M3 byte (scale 1), each attended alone (a one-token context):
+    # the output is the row itself, through the vector conversion (8 at a time) and the table (the tail).
+    if not cpu_decode.available():
+        pytest.skip("no C++ CPU kernels here")
+    bits = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)  # 254, no NaN
+    d = 18  # two vector steps and a scalar tail of 2
+    rows = -(-bits.numel() // d)
+    cache = kv_fp8.allocate(rows, 1, 1, d)
+    flat = torch.cat([bits, bits[: rows * d - bits.numel()]]).view(rows, 1, 1, d)
+    cache[..., :d] = flat
+    cache[..., d:] = torch.tensor([1.0], dtype=torch.float16).view(torch.uint8)
+    out = cpu_decode.paged_decode_attention(torch.zeros(rows, 1, d), cache, cache,
+                                            torch.arange(rows).view(rows, 1), torch.ones(rows, dtype=torch.long), 1.0)
+    assert torch.equal(out.view(rows, d), flat.view(rows, d).view(torch.float8_e4m3fn).float())
