@@ -8,8 +8,9 @@ at the targets (default: the premium tier's TTFT 1000 ms / ITL 80 ms p95). Then 
 1. one worker under Poisson load at 0.6x, 1x and 1.4x the predicted capacity: the SLO attainment
    (share of requests within each target) and the p95s at each rate, so the predicted edge can be
    compared with where the real one breaks;
-2. a load the plan gives 2 replicas (1.5x one replica's capacity) against 1 worker and 2 workers:
-   the replicas the run needed (the fewest that held both p95 targets) against the plan.
+2. a load the plan gives 2 replicas (`--fleet-factor` x one replica's predicted capacity, 1.2 by
+   default: just past what one replica holds) against 1 worker and 2 workers: the replicas the run
+   needed (the fewest that held both p95 targets) against the plan.
 
 The client is the minimal asyncio HTTP one of benchmarks/serve_client.py (the lightest on the CPU)
 and spreads requests round-robin over the workers (the gateway's least-loaded routing does no worse).
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import os
 import sys
 import time
 
@@ -85,7 +87,9 @@ def main() -> None:
     p.add_argument("--output-tokens", type=int, default=32)
     p.add_argument("--seconds", type=float, default=60.0, help="of load per measured rate")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fleet-factor", type=float, default=1.2, help="the fleet load, x one replica's capacity")
     args = p.parse_args()
+    load_start = os.getloadavg()[0]
     ttft_ms, itl_ms = (float(x) for x in args.targets_ms.split(","))
     targets = Targets(ttft_ms / 1000, itl_ms / 1000)
     from dataplane.models.registry import resolve_model_path
@@ -112,7 +116,7 @@ def main() -> None:
             print(f"1 worker at {rps:.2f} req/s: TTFT p95 {run['ttft_p95_ms']:.0f} ms (predicted "
                   f"{run['predicted_ttft_p95_ms']:.0f}), ITL p95 {run['itl_p95_ms']:.1f} ms (predicted "
                   f"{run['predicted_itl_p95_ms']:.1f}), held {run['held']}", flush=True)
-        load = 1.5 * capacity
+        load = args.fleet_factor * capacity
         plan = plan_replicas(curve, rps=load, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
                              targets=targets)
         second, url_b = start_worker(worker_command())
@@ -137,7 +141,8 @@ def main() -> None:
             "output_tokens": args.output_tokens, "seconds": args.seconds, "engine": ENGINE, "curve": curve_data,
             "predicted_replica_rps": capacity, "single": [_strip(r) for r in singles],
             "planned_load_rps": load, "planned_replicas": plan.replicas, "fleet": [_strip(r) for r in fleet],
-            "needed_replicas": needed,
+            "needed_replicas": needed, "fleet_factor": args.fleet_factor,
+            "load_average_start_end": [load_start, os.getloadavg()[0]],
             # where one real worker's edge lies, in units of the predicted capacity
             "edge": {"held_up_to": max(held, default=None), "broke_from": min(broke, default=None)},
             "within_one_replica": needed is not None and abs(plan.replicas - needed) <= 1}
@@ -167,7 +172,8 @@ def table(d: dict) -> str:
                      f"{r['itl_p95_ms']:.1f} ({r['predicted_itl_p95_ms']:.1f}) | {r['ttft_within']:.0%} | "
                      f"{r['itl_within']:.0%} | {'yes' if r['held'] else 'no'} |")
     for r in d["fleet"]:
-        lines.append(f"| {r['workers']} | {r['rps']:.2f} | 1.5 | {r['ttft_p95_ms']:.0f} | {r['itl_p95_ms']:.1f} | "
+        lines.append(f"| {r['workers']} | {r['rps']:.2f} | {d['fleet_factor']:.1f} | {r['ttft_p95_ms']:.0f} | "
+                     f"{r['itl_p95_ms']:.1f} | "
                      f"{r['ttft_within']:.0%} | {r['itl_within']:.0%} | {'yes' if r['held'] else 'no'} |")
     edge = d["edge"]
     lines.append(f"\nOne real worker held the targets up to {edge['held_up_to'] or 0:.1f}× the predicted capacity"
@@ -175,7 +181,8 @@ def table(d: dict) -> str:
                  + ".")
     lines.append(f"\nAt {d['planned_load_rps']:.2f} req/s the plan says **{d['planned_replicas']}** replicas; the run "
                  f"needed **{d['needed_replicas'] if d['needed_replicas'] is not None else 'more than 2'}** "
-                 f"({'within' if d['within_one_replica'] else 'NOT within'} ±1 replica).")
+                 f"({'within' if d['within_one_replica'] else 'NOT within'} ±1 replica). Load average (1 min) at the "
+                 f"start / end: {d['load_average_start_end'][0]:.1f} / {d['load_average_start_end'][1]:.1f}.")
     return "\n".join(lines) + "\n"
 
 

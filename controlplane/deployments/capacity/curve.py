@@ -7,12 +7,15 @@ parses the dict itself and refuses anything malformed with ValueError.
 The step model, from the measured points:
   decode(b): the measured decode step of b requests, linear between measured batch sizes and
       along the last segment's slope beyond the largest;
-  prefill tokens: the slope of a least-squares line through the single-prefill points (what one
-      more prompt token adds to a step; its intercept is the step's fixed cost, already in decode(b));
+  prefill(n): the measured step that prefills n prompt tokens, linear between the measured sizes
+      (from the origin below the smallest) and along the last segment's slope beyond the largest;
   context: what the long-context point adds per request per extra context token (attention).
-A step with b decoding requests at mean context c and n prefill tokens takes
-  decode(b) + prefill_slope * n + context_slope * b * max(c - context_tokens, 0),
-and a step with prefill only takes prefill_intercept + prefill_slope * n.
+A step with b decoding requests at mean context c and n prompt tokens takes
+  max(decode(b), prefill(n + b)) + context_slope * b * max(c - context_tokens, 0):
+the step runs all its tokens through the same matmuls, so a decode token in a prefill's step costs
+what one more prompt token costs, and the step's fixed cost is paid once, not once per kind (a first
+version added decode(b) to prefill's per-token slope and predicted ITLs 1.5-1.9x too high against
+real workers: benchmarks/results/history/capacity.md).
 """
 
 from __future__ import annotations
@@ -29,8 +32,6 @@ class LoadCurve:
     prefill: tuple[tuple[int, float], ...]  # (tokens, seconds), tokens ascending
     context_tokens: int
     context_slope: float  # seconds per request per context token beyond context_tokens
-    prefill_intercept: float
-    prefill_slope: float  # seconds per prompt token
     max_num_seqs: int
     max_num_batched_tokens: int
     kv_cache_tokens: int
@@ -47,7 +48,6 @@ class LoadCurve:
         decode = _points(data.get("decode"), "decode")
         prefill = _points(data.get("prefill"), "prefill")
         context = _positive_int(data.get("context_tokens"), "context_tokens")
-        intercept, slope = _line(prefill)
         context_slope = 0.0
         long = data.get("long_context")
         kept_long = None
@@ -62,7 +62,6 @@ class LoadCurve:
                 short = _interpolate(decode, batch)
                 context_slope = max(seconds - short, 0.0) / (batch * (tokens - context))
         return cls(decode=decode, prefill=prefill, context_tokens=context, context_slope=context_slope,
-                   prefill_intercept=intercept, prefill_slope=slope,
                    max_num_seqs=_positive_int(data.get("max_num_seqs"), "max_num_seqs"),
                    max_num_batched_tokens=_positive_int(data.get("max_num_batched_tokens"), "max_num_batched_tokens"),
                    kv_cache_tokens=_positive_int(data.get("kv_cache_tokens"), "kv_cache_tokens"),
@@ -79,10 +78,13 @@ class LoadCurve:
 
     def step_seconds(self, decoding: int, prefill_tokens: int, mean_context: float = 0.0) -> float:
         """Predicted wall time of a step of `decoding` requests (one token each) and `prefill_tokens`."""
+        extra = max(mean_context - self.context_tokens, 0.0) * max(decoding, 0) * self.context_slope
+        if prefill_tokens <= 0:
+            return _interpolate(self.decode, max(decoding, 1)) + extra
+        prefill = _interpolate(self.prefill, prefill_tokens + max(decoding, 0), from_origin=True)
         if decoding <= 0:
-            return self.prefill_intercept + self.prefill_slope * prefill_tokens
-        extra = max(mean_context - self.context_tokens, 0.0) * decoding * self.context_slope
-        return _interpolate(self.decode, decoding) + self.prefill_slope * prefill_tokens + extra
+            return prefill
+        return max(_interpolate(self.decode, decoding), prefill) + extra
 
 
 def _positive_int(value: object, name: str) -> int:
@@ -111,25 +113,14 @@ def _points(value: object, name: str) -> tuple[tuple[int, float], ...]:
     return tuple(points)
 
 
-def _line(points: tuple[tuple[int, float], ...]) -> tuple[float, float]:
-    """(intercept, slope) of the least-squares line; one point: a line through the origin."""
+def _interpolate(points: tuple[tuple[int, float], ...], x: float, *, from_origin: bool = False) -> float:
+    """Linear between the points; below the first: flat, or on the line from the origin
+    (`from_origin`: a prompt of half the smallest size costs about half); beyond the last: its slope."""
     if len(points) == 1:
         size, seconds = points[0]
-        return 0.0, seconds / size
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    var = sum((x - mx) ** 2 for x, _ in points)
-    slope = max(sum((x - mx) * (y - my) for x, y in points) / var, 0.0)  # more tokens never cost less
-    return max(my - slope * mx, 0.0), slope
-
-
-def _interpolate(points: tuple[tuple[int, float], ...], x: float) -> float:
-    if len(points) == 1:
-        size, seconds = points[0]
-        return seconds * max(x, 1) / size if x > size else seconds
+        return seconds * x / size if x > size or from_origin else seconds
     if x <= points[0][0]:
-        return points[0][1]
+        return points[0][1] * x / points[0][0] if from_origin else points[0][1]
     for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
         if x <= x1:
             return y0 + (y1 - y0) * (x - x0) / (x1 - x0)

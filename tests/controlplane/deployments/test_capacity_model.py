@@ -30,10 +30,13 @@ def test_the_step_model_interpolates_the_measured_points_and_adds_prefill_and_co
     assert CURVE.step_seconds(4, 0) == pytest.approx(0.013)
     assert CURVE.step_seconds(10, 0) == pytest.approx(0.013 + 0.012 * 6 / 12)
     assert CURVE.step_seconds(32, 0) == pytest.approx(0.025 + 0.012 / 12 * 16)
-    # prefill: the least-squares line through (32, .014) (128, .038) (512, .134) is .006 + .00025 n
-    assert CURVE.prefill_slope == pytest.approx(0.00025) and CURVE.prefill_intercept == pytest.approx(0.006)
-    assert CURVE.step_seconds(0, 100) == pytest.approx(0.006 + 0.025)
-    assert CURVE.step_seconds(4, 100) == pytest.approx(0.013 + 0.025)
+    # prefill: linear between (32, .014) (128, .038) (512, .134), from the origin below, the last slope beyond
+    assert CURVE.step_seconds(0, 100) == pytest.approx(0.014 + 0.024 * 68 / 96)
+    assert CURVE.step_seconds(0, 16) == pytest.approx(0.007)
+    assert CURVE.step_seconds(0, 1024) == pytest.approx(0.134 + 0.096 / 384 * 512)
+    # a mixed step runs every token through the same matmuls: prefill(n + b), or decode(b) if that is more
+    assert CURVE.step_seconds(4, 100) == pytest.approx(0.014 + 0.024 * 72 / 96)
+    assert CURVE.step_seconds(16, 1) == pytest.approx(0.025)
     # context: the long point's excess over the short one, per request per token
     slope = (0.0135 - CURVE.step_seconds(2, 0)) / (2 * (512 - 32))
     assert CURVE.context_slope == pytest.approx(slope)
