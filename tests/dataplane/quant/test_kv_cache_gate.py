@@ -16,8 +16,9 @@ def test_the_fp8_cache_passes_its_gate_on_smollm2(smollm_bf16):
     assert report.passed, report.reason
     assert report.method == "kv_fp8" and report.kv_cache_dtype == "fp8"
     assert report.thresholds == DEFAULT_THRESHOLDS["kv_fp8"]
-    # It measured the cache: not the baseline against itself.
-    assert 0 < report.perplexity_increase <= 0.01 and 0 < report.mean_logprob_delta <= 0.15
+    # It measured the cache, not the baseline against itself (the effect is small either way: -0.08% here)
+    assert report.perplexity_increase != 0 and abs(report.perplexity_increase) <= 0.01
+    assert 0 < report.mean_logprob_delta <= 0.15
     assert report.p99_logprob_delta >= report.mean_logprob_delta and report.greedy_agreement >= 0.9
     assert "log-probabilities within" in report.reason
 
