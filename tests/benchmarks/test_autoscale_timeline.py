@@ -41,7 +41,7 @@ def test_the_summary_times_growth_shrink_and_recovery():
     rows = timeline(rec, step_at=30.0, step_end=90.0, slo_ms=1000)
     d = summarize(rec, rows, 30.0, 90.0, 1000, [{"at": 15, "from": 1, "to": 2, "reason": "queue"},
                                                 {"at": 80, "from": 2, "to": 1, "reason": "low"}],
-                  Namespace(load_clients=6, baseline_seconds=30, step_seconds=60), Decimal("0.60"))
+                  Namespace(load_clients=6, baseline_seconds=30, step_seconds=60, worker_threads=1), Decimal("0.60"))
     assert d["grown_to_2_after_s"] == 22 and d["back_to_1_after_s"] == 25 and d["peak_ready"] == 2
     assert d["premium_within_slo_after_s"] == 30  # the 60-69 s window is the first of the good ones
     p = d["premium_ttft_p95_ms"]
@@ -50,3 +50,14 @@ def test_the_summary_times_growth_shrink_and_recovery():
     assert d["cost_usd"] == round(sum(r["cost_per_minute"] * WINDOW / 60 for r in rows), 4)
     text = table({**d, "environment": {"cpu": "test cpu", "cpu_capability": "x", "when": "now"}})
     assert "grew to 2 ready replicas **22 s**" in text and "| 30 | step | 6 | 1 | 1 | 6 | 2500 |" in text
+
+
+def test_a_window_while_the_load_winds_down_is_not_a_recovery():
+    from benchmarks.autoscale import recovery
+
+    rows = [{"t": 30.0, "phase": "step", "load_clients": 6, "premium_ttft_p95_ms": 1500, "within_slo": False},
+            {"t": 40.0, "phase": "step", "load_clients": 6, "premium_ttft_p95_ms": 1400, "within_slo": False},
+            {"t": 50.0, "phase": "step", "load_clients": 2, "premium_ttft_p95_ms": 300, "within_slo": True}]
+    assert recovery(rows, 30.0, 6) is None
+    rows[1].update(premium_ttft_p95_ms=400, within_slo=True)
+    assert recovery(rows, 30.0, 6) == 10.0
