@@ -337,6 +337,7 @@ def table(d: dict) -> str:
              f"{' after the step' if d['premium_within_slo_after_s'] is not None else ''}; {d['premium_failed']} of "
              f"{d['premium_requests']} premium requests failed",
              f"- the run cost {d['cost_usd']:.4f} USD; {d['load_served']} load requests served\n",
+             *([d["note"] + "\n"] if d.get("note") else []),
              "![replicas](autoscale_replicas.svg) ![premium TTFT](autoscale_ttft.svg)\n",
              "| t (s) | phase | load clients | desired | ready | premium req. | premium TTFT p95 (ms) | cost / min (USD) |",
              "|---:|:--|---:|---:|---:|---:|---:|---:|"]

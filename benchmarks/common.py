@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -86,3 +87,20 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process (Linux /proc): a load-independent cost measure."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def read_chat_stream(response) -> tuple[float | None, str, dict]:
+    """(arrival of the first content, the text, the usage) of a streamed chat completion (an httpx response)."""
+    first, text, usage = None, "", {}
+    async for line in response.aiter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = orjson.loads(line[6:])
+        if event.get("usage"):
+            usage = event["usage"]
+        for choice in event.get("choices") or []:
+            piece = (choice.get("delta") or {}).get("content") or ""
+            if piece and first is None:
+                first = time.perf_counter()
+            text += piece
+    return first, text, usage

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,15 +16,11 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.gateway import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "live-worker-token"
 MODEL = "smollm2-135m-instruct"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def database_url() -> str:

@@ -45,7 +45,7 @@ import httpx
 import orjson
 
 from benchmarks import routing_gateways
-from benchmarks.common import environment, fmt, percentile, write_results
+from benchmarks.common import environment, fmt, percentile, read_chat_stream, write_results
 from benchmarks.gateway import free_port
 from benchmarks.serve_client import wait_ready
 
@@ -115,17 +115,7 @@ async def one_request(client: httpx.AsyncClient, registry, salt: str, messages: 
         async with client.stream("POST", worker.url + "/v1/chat/completions", content=raw,
                                  headers={"Content-Type": "application/json", "X-Cache-Salt": salt}) as response:
             response.raise_for_status()
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = orjson.loads(line[6:])
-                if event.get("usage"):
-                    usage = event["usage"]
-                for choice in event.get("choices") or []:
-                    piece = (choice.get("delta") or {}).get("content") or ""
-                    if piece and first is None:
-                        first = time.perf_counter()
-                    text += piece
+            first, text, usage = await read_chat_stream(response)
     finally:
         worker.outstanding -= 1
     now = time.perf_counter()

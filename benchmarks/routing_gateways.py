@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 import orjson
 
-from benchmarks.common import fmt, percentile, setup_script
+from benchmarks.common import fmt, percentile, read_chat_stream, setup_script
 from benchmarks.gateway import free_port, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,17 +102,7 @@ async def send(client: httpx.AsyncClient, gateways: list[str], turn: itertools.c
         if status != 200:
             await r.aread()
             raise RuntimeError(f"gateway {index}: {status} {r.text[:300]}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = orjson.loads(line[6:])
-            if event.get("usage"):
-                usage = event["usage"]
-            for choice in event.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content") or ""
-                if piece and first is None:
-                    first = time.perf_counter()
-                text += piece
+        first, text, usage = await read_chat_stream(r)
     now = time.perf_counter()
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     return Sent(index, (first or now) - sent, now - began, usage.get("prompt_tokens", 0), cached, status), text

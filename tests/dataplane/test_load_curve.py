@@ -6,6 +6,8 @@ from dataplane.engine.llm import LLM
 from dataplane.engine.load_curve import CONTEXT_TOKENS, LONG_CONTEXT_TOKENS, TIMED_STEPS, measure_load_curve
 from dataplane.sampling_params import SamplingParams
 
+from .step_spy import spy_steps
+
 MODEL = "smollm2-135m-instruct"
 
 
@@ -16,14 +18,7 @@ def _llm(preloaded, **kw) -> LLM:
 
 def test_the_sweep_times_decode_steps_of_each_batch_and_single_prefills_then_forgets_them(smollm_bf16):
     llm = _llm(smollm_bf16)
-    seen: list[tuple[int, int]] = []  # (requests, tokens) per step, as the runner got them
-    execute = llm.core.runner.execute
-
-    def spy(out):
-        seen.append((len(out.num_scheduled_tokens), out.total_num_scheduled_tokens))
-        return execute(out)
-
-    llm.core.runner.execute = spy
+    seen = spy_steps(llm)  # (requests, tokens) per step, as the runner got them
     curve = measure_load_curve(llm.core)
     assert [b for b, _ in curve["decode"]] == [1, 2, 4, 6]
     assert [n for n, _ in curve["prefill"]] == [32, 128]

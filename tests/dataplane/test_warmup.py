@@ -6,20 +6,15 @@ from dataplane.engine.llm import LLM
 from dataplane.engine.warmup import warm_up
 from dataplane.sampling_params import SamplingParams
 
+from .step_spy import spy_steps
+
 MODEL = "smollm2-135m-instruct"
 
 
 def test_warm_up_runs_each_decode_batch_size_and_prefill_size_then_forgets_it(smollm_bf16):
     llm = LLM(MODEL, dtype="bfloat16", kv_cache_memory="64MiB", max_num_seqs=6, max_num_batched_tokens=64,
               preloaded=smollm_bf16)
-    seen: list[tuple[int, int]] = []  # (requests, tokens) per step, as the runner got them
-    execute = llm.core.runner.execute
-
-    def spy(out):
-        seen.append((len(out.num_scheduled_tokens), out.total_num_scheduled_tokens))
-        return execute(out)
-
-    llm.core.runner.execute = spy
+    seen = spy_steps(llm)  # (requests, tokens) per step, as the runner got them
     report = warm_up(llm.core)
     decode_batches = {n for n, tokens in seen if n == tokens}
     assert set(range(1, 7)) <= decode_batches

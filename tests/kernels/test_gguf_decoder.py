@@ -67,11 +67,12 @@ def _decode_step(lens: list[int], blocks: int, gen: torch.Generator):
     return ids, torch.tensor([n - 1 for n in lens]), meta
 
 
-def _both(model: LlamaModel, lens: list[int], seed: int = 1):
-    """(fused output, per-op output, caches after each) from the same inputs and caches."""
+def _both(model: LlamaModel, lens: list[int], seed: int = 1, make_caches=None):
+    """(fused output, per-op output, caches after each) from the same inputs and caches
+    (`make_caches(blocks, gen)`: other caches than the model's dtype, e.g. FP8)."""
     gen = torch.Generator().manual_seed(seed)
     blocks = sum(-(-n // BLOCK) for n in lens) + 3
-    caches = _caches(model, blocks, gen)
+    caches = (make_caches or (lambda b, g: _caches(model, b, g)))(blocks, gen)
     ids, pos, meta = _decode_step(lens, blocks, gen)
     fused = model.fused
     assert fused is not None and fused.applies(len(lens), meta, None)

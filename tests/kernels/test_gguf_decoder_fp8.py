@@ -7,7 +7,7 @@ import torch
 
 from kernels import kv_fp8
 
-from .test_gguf_decoder import _decode_step, _model
+from .test_gguf_decoder import _both, _model
 
 BLOCK = 16
 
@@ -15,23 +15,17 @@ BLOCK = 16
 @pytest.mark.parametrize("lens", [[1], [5, 40, 41], [3, 16, 33, 64, 200]])
 def test_fused_step_on_fp8_matches_the_per_op_path(lens):
     model = _model()
-    gen = torch.Generator().manual_seed(2)
     a = model.args
-    blocks = sum(-(-n // BLOCK) for n in lens) + 3
-    shape = (blocks, BLOCK, a.num_kv_heads, a.head_dim)
-    caches = [(kv_fp8.quantize(torch.randn(shape, generator=gen) * 3), kv_fp8.quantize(torch.randn(shape, generator=gen)))
-              for _ in range(a.num_layers)]
-    ids, pos, meta = _decode_step(lens, blocks, gen)
-    fused = model.fused
-    assert fused is not None and fused.applies(len(lens), meta, None)
-    c_fused = [(k.clone(), v.clone()) for k, v in caches]
-    c_ops = [(k.clone(), v.clone()) for k, v in caches]
-    out_fused = model.hidden_states(ids, pos, meta, c_fused)
-    model.fused = None
-    try:
-        out_ops = model.hidden_states(ids, pos, meta, c_ops)
-    finally:
-        model.fused = fused
+    made = []
+
+    def fp8_caches(blocks, gen):
+        shape = (blocks, BLOCK, a.num_kv_heads, a.head_dim)
+        made.extend((kv_fp8.quantize(torch.randn(shape, generator=gen) * 3),
+                     kv_fp8.quantize(torch.randn(shape, generator=gen))) for _ in range(a.num_layers))
+        return made
+
+    out_fused, out_ops, c_fused, c_ops = _both(model, lens, seed=2, make_caches=fp8_caches)
+    caches = made
     torch.testing.assert_close(out_fused, out_ops, atol=2e-4 * float(out_ops.abs().max()), rtol=1e-4)
     for (kf, vf), (ko, vo), (k0, v0) in zip(c_fused, c_ops, caches, strict=True):
         # this step's rows written (quantized alike, but for a rounding step where the rotations differ in
