@@ -89,7 +89,7 @@ def scenario(broker_url: str) -> None:
         _until(lambda: control.reports, 60, "the load to be reported")
         assert first.hub is not foreign and agent._consumer.hub not in (first.hub, foreign)
         assert control.reports[0] == (7, {"attempt": 1, "status": "ready", "load_seconds": StubSlot.load_seconds,
-                                          "gate": None})
+                                          "gate": None, "load_curve": None})
         assert all(body["status"] == "ready" for _, body in control.reports)  # a second message: already loaded
         assert agent.slot.counters["engine_builds"] == 1
     finally:

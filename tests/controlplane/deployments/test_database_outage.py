@@ -18,13 +18,13 @@ import time
 import psycopg
 import pytest
 
+from benchmarks import live_stack
 from tests.throwaway_services import (  # noqa: F401 (fixtures)
     ThrowawayPostgres,
     throwaway_postgres,
     throwaway_redis,
 )
 
-from . import live
 from .live import ROOT, Process, Stack, wait_for
 
 pytestmark = [pytest.mark.slow]
@@ -36,7 +36,7 @@ OUTAGE_SECONDS = 3 * DEAD_SECONDS
 @pytest.fixture
 def stack(throwaway_postgres, throwaway_redis, monkeypatch):  # noqa: F811
     throwaway_postgres.migrate()
-    monkeypatch.setattr(live, "database_url", lambda: throwaway_postgres.url)
+    monkeypatch.setattr(live_stack, "database_url", lambda: throwaway_postgres.url)  # where Stack reads it
     stack = Stack(throwaway_redis.url)
     stack.db = throwaway_postgres
     try:
