@@ -44,17 +44,17 @@ class Command(BaseCommand):
         parser.add_argument("--curve", help="a load curve file (a worker's GET /load_curve) instead of the database")
         parser.add_argument("--overhead-ms", type=float, default=0.0,
                             help="what the path before the engine adds to each TTFT (gateway, network)")
-        parser.add_argument("--json", action="store_true")
+        parser.add_argument("--json", action="store_true", dest="as_json")
 
     def handle(self, *args, deployment, rps, prompt_tokens, output_tokens, tier, ttft_ms, itl_ms, worker_class,
-               curve, overhead_ms, json: bool, **options) -> None:  # noqa: A002 - the flag's name
+               curve, overhead_ms, as_json: bool, **options) -> None:
         if not deployment and not curve:
             raise CommandError("give --deployment (its measured curves) or --curve FILE")
         data = None
         if curve:
             try:
                 with open(curve, encoding="utf-8") as f:
-                    data = _json_load(f.read())
+                    data = json.loads(f.read())
             except (OSError, ValueError) as exc:
                 raise CommandError(f"--curve: {exc}") from None
         try:
@@ -64,8 +64,9 @@ class Command(BaseCommand):
                                   curve=data, overhead_ms=overhead_ms)
         except ApplicationError as exc:
             raise CommandError(exc.message) from None
-        if json:
-            self.stdout.write(_json_dump([_plain(p) for p in plans]))
+        if as_json:
+            self.stdout.write(json.dumps([asdict(p) for p in plans], indent=2,
+                                         default=lambda v: str(v) if isinstance(v, Decimal) else v))
             return
         w = self.stdout.write
         w(f"{rps:g} req/s of {prompt_tokens} prompt + {output_tokens} output tokens; targets from {source}: "
@@ -87,15 +88,3 @@ class Command(BaseCommand):
         w("curves: " + ", ".join(f"{cp.worker_class} measured by {cp.measured_by} {cp.measured_at}".rstrip()
                                  for cp in plans))
 
-
-def _json_load(text: str):
-    return json.loads(text)
-
-
-def _json_dump(value) -> str:
-    return json.dumps(value, indent=2, default=lambda v: str(v) if isinstance(v, Decimal) else v)
-
-
-def _plain(cp) -> dict:
-    out = asdict(cp)
-    return out
