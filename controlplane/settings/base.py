@@ -300,7 +300,7 @@ SPECTACULAR_SETTINGS = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"json": {"()": "controlplane.logging.JSONFormatter"}},
+    "formatters": {"json": {"()": "jsonlog.JSONFormatter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json"}},
     "loggers": {
         "tessera": {"handlers": ["console"], "level": os.environ.get("TESSERA_LOG_LEVEL", "INFO")},

@@ -8,21 +8,12 @@ from __future__ import annotations
 import logging
 import sys
 
-import orjson
-
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "color_message"}
+from jsonlog import JSONFormatter as _JSONFormatter
 
 
-class JSONFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        payload = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
-                   "logger": record.name, "msg": record.getMessage()}
-        for key, value in record.__dict__.items():
-            if key not in _STANDARD and not key.startswith("_"):
-                payload[key] = value
-        if record.exc_info:
-            payload["exc"] = self.formatException(record.exc_info)
-        return orjson.dumps(payload, default=str).decode()
+class JSONFormatter(_JSONFormatter):
+    # uvicorn's records carry an ANSI-coloured copy of the message as `color_message`
+    ignored = _JSONFormatter.ignored | {"color_message"}
 
 
 def setup_logging(level: str) -> None:

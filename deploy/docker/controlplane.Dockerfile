@@ -21,7 +21,7 @@ COPY billing ./billing
 COPY dataplane ./dataplane
 COPY kernels ./kernels
 COPY benchmarks ./benchmarks
-COPY manage.py ./
+COPY manage.py jsonlog.py ./
 RUN pip install . && useradd --system --home /app tessera && mkdir -p /var/lib/tessera \
     && chown tessera /var/lib/tessera && DJANGO_SECRET_KEY=build python manage.py collectstatic --noinput
 USER tessera

