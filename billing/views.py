@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, date, datetime, time
 
 from django.http import StreamingHttpResponse
@@ -12,25 +11,9 @@ from rest_framework import exceptions, renderers
 from rest_framework.views import APIView
 
 from billing import exports
+from controlplane.renderers import CSVRenderer, ParquetRenderer
 from tenants.api.permissions import IsFinance
-from tenants.models import Tenant
-
-
-class _Passthrough(renderers.BaseRenderer):
-    """Lets clients send `Accept: text/csv`; successful responses bypass renderers (they stream)."""
-
-    charset = None
-
-    def render(self, data, accepted_media_type=None, renderer_context=None) -> bytes:
-        return json.dumps(data).encode()  # only errors get here
-
-
-class CSVRenderer(_Passthrough):
-    media_type, format = "text/csv", "csv"
-
-
-class ParquetRenderer(_Passthrough):
-    media_type, format = "application/vnd.apache.parquet", "parquet"
+from tenants.selectors import tenant_id_by_id_or_slug
 
 
 def _instant(raw: str | None, name: str) -> datetime:
@@ -48,9 +31,7 @@ def _instant(raw: str | None, name: str) -> datetime:
 def _tenant_id(raw: str | None) -> int | None:
     if not raw:
         return None
-    tenant_id = Tenant.objects.filter(**({"pk": int(raw)} if raw.isdigit() else {"slug": raw})).values_list(
-        "pk", flat=True
-    ).first()
+    tenant_id = tenant_id_by_id_or_slug(raw)
     if tenant_id is None:
         raise exceptions.ValidationError({"tenant": f"no tenant {raw!r}"})
     return tenant_id

@@ -55,6 +55,16 @@ def tenant_get(*, slug: str) -> Tenant:
         raise NotFound(f"No tenant {slug!r}.") from None
 
 
+def tenant_id_by_id_or_slug(raw: str) -> int | None:
+    """The id of the tenant an operator named by id or by slug (exports' `tenant=`), or None.
+
+    Only ASCII digits, fewer than 19 of them, are read as an id: `str.isdigit()` takes "²", which
+    `int()` refuses, and 19 digits may pass a bigint; anything else is looked up as a slug.
+    """
+    lookup = {"pk": int(raw)} if raw.isascii() and raw.isdigit() and len(raw) < 19 else {"slug": raw}
+    return Tenant.objects.filter(**lookup).values_list("pk", flat=True).first()
+
+
 def tier_get(*, name: str) -> Tier:
     try:
         return Tier.objects.get(name=name)

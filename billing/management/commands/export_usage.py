@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 from billing import exports
 from billing.management.export_out import write_export
 from billing.services.invoices import month_bounds
-from tenants.models import Tenant
+from tenants.selectors import tenant_id_by_id_or_slug
 
 
 class Command(BaseCommand):
@@ -29,8 +29,7 @@ class Command(BaseCommand):
         period_start, period_end = month_bounds(first)
         tenant_id = None
         if tenant:
-            lookup = {"pk": int(tenant)} if tenant.isdigit() else {"slug": tenant}
-            tenant_id = Tenant.objects.filter(**lookup).values_list("pk", flat=True).first()
+            tenant_id = tenant_id_by_id_or_slug(tenant)
             if tenant_id is None:
                 raise CommandError(f"no tenant {tenant!r}")
         rows = exports.usage_rows(

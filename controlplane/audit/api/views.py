@@ -3,7 +3,6 @@ operators and finance read any tenant's and export everything (CSV, JSON Lines).
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, date, datetime, time
 
 from django.http import StreamingHttpResponse
@@ -15,9 +14,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.pagination import Pages
+from controlplane.renderers import CSVRenderer, JSONLinesRenderer
 from tenants.api.permissions import IsFinance, IsOperator
 from tenants.api.views import TenantScopedView
-from tenants.models import Tenant
+from tenants.selectors import tenant_id_by_id_or_slug
 
 from .. import exports, selectors
 from . import serializers as s
@@ -80,23 +80,6 @@ class TenantAuditEventListView(AuditEventListView):
         return self.page(request, s.AuditEventSerializer)
 
 
-class _Passthrough(renderers.BaseRenderer):
-    """Lets clients send `Accept: text/csv`; successful responses stream and bypass renderers."""
-
-    charset = None
-
-    def render(self, data, accepted_media_type=None, renderer_context=None) -> bytes:
-        return json.dumps(data).encode()  # only errors get here
-
-
-class CSVRenderer(_Passthrough):
-    media_type, format = "text/csv", "csv"
-
-
-class JSONLinesRenderer(_Passthrough):
-    media_type, format = "application/jsonl", "jsonl"
-
-
 class AuditExportView(APIView):
     """Every tenant's events and the platform's (users, tiers, prices, deployments), oldest first."""
 
@@ -114,8 +97,7 @@ class AuditExportView(APIView):
         raw_tenant = request.query_params.get("tenant")
         tenant_id = None
         if raw_tenant:
-            lookup = {"pk": int(raw_tenant)} if raw_tenant.isdigit() and len(raw_tenant) < 19 else {"slug": raw_tenant}
-            tenant_id = Tenant.objects.filter(**lookup).values_list("pk", flat=True).first()
+            tenant_id = tenant_id_by_id_or_slug(raw_tenant)
             if tenant_id is None:
                 raise exceptions.ValidationError({"tenant": f"no tenant {raw_tenant[:64]!r}"})
         events = selectors.audit_events(tenant_id=tenant_id, all_tenants=True, **filters)

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.audit import exports, selectors
 from controlplane.audit.api.views import instant
-from tenants.models import Tenant
+from tenants.selectors import tenant_id_by_id_or_slug
 
 
 class Command(BaseCommand):
@@ -24,8 +24,7 @@ class Command(BaseCommand):
                since: str | None, until: str | None, **options) -> None:
         tenant_id = None
         if tenant:
-            tenant_id = Tenant.objects.filter(**({"pk": int(tenant)} if tenant.isdigit() else {"slug": tenant})
-                                              ).values_list("pk", flat=True).first()
+            tenant_id = tenant_id_by_id_or_slug(tenant)
             if tenant_id is None:
                 raise CommandError(f"no tenant {tenant!r}")
         try:
