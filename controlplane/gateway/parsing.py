@@ -23,6 +23,7 @@ with it for tenants under a hard budget (proxy.reserve).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,8 +66,22 @@ def invalid(message: str, param: str | None = None, code: str = "invalid_request
     return ApplicationError(message, code=code, status=400, param=param)
 
 
-def _type_error(param: str, expected: str) -> ApplicationError:
+def type_error(param: str, expected: str) -> ApplicationError:
     return invalid(f"Invalid type for '{param}': expected {expected}.", param, "invalid_type")
+
+
+def content_parts(content: Any, param: str, expected: str) -> Iterator[tuple[str, dict]]:
+    """(where, part) for each object of an array of content parts; `expected` names what else `param` may be.
+
+    Chat messages and Responses input items share this; each then reads the parts it accepts.
+    """
+    if not isinstance(content, list):
+        raise type_error(param, expected)
+    for j, part in enumerate(content):
+        where = f"{param}[{j}]"
+        if not isinstance(part, dict):
+            raise type_error(where, "a content part object")
+        yield where, part
 
 
 def _is_int(value: Any) -> bool:
@@ -78,7 +93,7 @@ def _positive_int(body: dict, name: str, limit: int = MAX_TOKENS_LIMIT) -> int |
     if value is None:
         return None
     if not _is_int(value):
-        raise _type_error(name, "an integer")
+        raise type_error(name, "an integer")
     if not 1 <= value <= limit:
         raise invalid(f"Invalid value for '{name}': expected an integer from 1 to {limit}, got {value}.", name,
                       "invalid_value")
@@ -88,7 +103,7 @@ def _positive_int(body: dict, name: str, limit: int = MAX_TOKENS_LIMIT) -> int |
 def _optional(body: dict, name: str, kind: type, expected: str, param: str | None = None) -> Any:
     value = body.get(name)
     if value is not None and (not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))):
-        raise _type_error(param or name, expected)
+        raise type_error(param or name, expected)
     return value
 
 
@@ -111,21 +126,16 @@ def _content(content: Any, param: str) -> str:
     """A message's text: a string, null, or an array of content parts whose text is a string."""
     if content is None or isinstance(content, str):
         return content or ""
-    if not isinstance(content, list):
-        raise _type_error(param, "a string, null or an array of content parts")
     texts = []
-    for j, part in enumerate(content):
-        where = f"{param}[{j}]"
-        if not isinstance(part, dict):
-            raise _type_error(where, "a content part object")
+    for where, part in content_parts(content, param, "a string, null or an array of content parts"):
         kind = part.get("type")
         if not isinstance(kind, str):
-            raise _type_error(f"{where}.type", "a string")
+            raise type_error(f"{where}.type", "a string")
         text = part.get("text")
         if kind == "text" and not isinstance(text, str):
-            raise _type_error(f"{where}.text", "a string")
+            raise type_error(f"{where}.text", "a string")
         if text is not None and not isinstance(text, str):
-            raise _type_error(f"{where}.text", "a string")
+            raise type_error(f"{where}.text", "a string")
         texts.append(text or "")
     return "".join(texts)
 
@@ -134,12 +144,12 @@ def _message_bytes(i: int, message: Any) -> tuple[str, str, int]:
     """(role, text, bytes the template renders) of messages[i], type-checking what the gateway reads."""
     param = f"messages[{i}]"
     if not isinstance(message, dict):
-        raise _type_error(param, "a message object")
+        raise type_error(param, "a message object")
     role = message.get("role")
     if role is None:
         raise invalid(f"Missing required parameter: '{param}.role'.", f"{param}.role", "missing_required_parameter")
     if not isinstance(role, str):
-        raise _type_error(f"{param}.role", "a string")
+        raise type_error(f"{param}.role", "a string")
     text = _content(message.get("content"), f"{param}.content")
     size = _size(role) + _size(text)
     for field in ("name", "tool_call_id"):
@@ -148,7 +158,7 @@ def _message_bytes(i: int, message: Any) -> tuple[str, str, int]:
     calls = message.get("tool_calls")
     if calls is not None:
         if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
-            raise _type_error(f"{param}.tool_calls", "an array of tool call objects")
+            raise type_error(f"{param}.tool_calls", "an array of tool call objects")
         size += _json_size(calls)
     return role, text, size
 
@@ -158,7 +168,7 @@ def _chat(body: dict) -> tuple[int, int, bytes, int | None]:
     if messages is None:
         raise invalid("Missing required parameter: 'messages'.", "messages", "missing_required_parameter")
     if not isinstance(messages, list):
-        raise _type_error("messages", "an array of message objects")
+        raise type_error("messages", "an array of message objects")
     if not messages:
         raise invalid("'messages' must contain at least one message.", "messages", "invalid_value")
     size = 0
@@ -171,7 +181,7 @@ def _chat(body: dict) -> tuple[int, int, bytes, int | None]:
     tools = body.get("tools")
     if tools is not None:
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-            raise _type_error("tools", "an array of tool objects")
+            raise type_error("tools", "an array of tool objects")
         size += _json_size(tools)
     overhead = TOKENS_PER_MESSAGE * len(messages) + settings.TESSERA_CHAT_TEMPLATE_TOKENS
     estimate, bound = -(-size // BYTES_PER_TOKEN) + overhead, size + overhead

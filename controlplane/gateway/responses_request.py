@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from .parsing import MAX_TOKENS_LIMIT, invalid
+from .parsing import MAX_TOKENS_LIMIT, content_parts, invalid, type_error
 
 # Accepted only at the value that means "nothing special": anything else is refused, naming the field.
 NEUTRAL = {
@@ -79,10 +79,6 @@ class ResponsesRequest:
         return orjson.dumps(chat)
 
 
-def _type_error(param: str, expected: str):
-    return invalid(f"Invalid type for '{param}': expected {expected}.", param, "invalid_type")
-
-
 def _unsupported(param: str, what: str = "is not supported by this platform"):
     return invalid(f"Unsupported parameter: '{param}' {what}.", param, "unsupported_parameter")
 
@@ -90,18 +86,13 @@ def _unsupported(param: str, what: str = "is not supported by this platform"):
 def _text_parts(content: Any, param: str, allowed: tuple[str, ...]) -> str:
     if isinstance(content, str):
         return content
-    if not isinstance(content, list):
-        raise _type_error(param, "a string or an array of content parts")
     texts = []
-    for j, part in enumerate(content):
-        where = f"{param}[{j}]"
-        if not isinstance(part, dict):
-            raise _type_error(where, "a content part object")
+    for where, part in content_parts(content, param, "a string or an array of content parts"):
         kind = part.get("type")
         if kind not in allowed:
             raise _unsupported(f"{where}.type", f"{kind!r} is not supported (text parts only: {', '.join(allowed)})")
         if not isinstance(part.get("text"), str):
-            raise _type_error(f"{where}.text", "a string")
+            raise type_error(f"{where}.text", "a string")
         texts.append(part["text"])
     return "".join(texts)
 
@@ -111,7 +102,7 @@ def _string(item: dict, name: str, param: str) -> str:
     if value is None:
         raise invalid(f"Missing required parameter: '{param}.{name}'.", f"{param}.{name}", "missing_required_parameter")
     if not isinstance(value, str):
-        raise _type_error(f"{param}.{name}", "a string")
+        raise type_error(f"{param}.{name}", "a string")
     return value
 
 
@@ -119,7 +110,7 @@ def _item(i: int, item: Any) -> dict[str, Any]:
     """One input item, normalized to what the store keeps and items_to_messages reads."""
     param = f"input[{i}]"
     if not isinstance(item, dict):
-        raise _type_error(param, "an input item object")
+        raise type_error(param, "an input item object")
     kind = item.get("type", "message")
     if kind == "message":
         role = item.get("role")
@@ -166,15 +157,15 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _tools(tools: Any) -> None:
     if not isinstance(tools, list):
-        raise _type_error("tools", "an array of tool objects")
+        raise type_error("tools", "an array of tool objects")
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
-            raise _type_error(f"tools[{i}]", "a tool object")
+            raise type_error(f"tools[{i}]", "a tool object")
         if tool.get("type") != "function":
             raise _unsupported(f"tools[{i}].type", f"{tool.get('type')!r} is not supported (function tools only)")
         _string(tool, "name", f"tools[{i}]")
         if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
-            raise _type_error(f"tools[{i}].parameters", "a JSON schema object")
+            raise type_error(f"tools[{i}].parameters", "a JSON schema object")
 
 
 def _tool_choice(choice: Any) -> None:
@@ -189,7 +180,7 @@ def _text(text: Any) -> None:
     if text is None:
         return
     if not isinstance(text, dict):
-        raise _type_error("text", "an object")
+        raise type_error("text", "an object")
     for key in text:
         if key != "format" and not (key == "verbosity" and text[key] in (None, "medium")):
             raise _unsupported(f"text.{key}")
@@ -197,7 +188,7 @@ def _text(text: Any) -> None:
     if fmt is None:
         return
     if not isinstance(fmt, dict):
-        raise _type_error("text.format", "an object")
+        raise type_error("text.format", "an object")
     kind = fmt.get("type")
     if kind == "json_schema":
         _string(fmt, "name", "text.format")
@@ -213,7 +204,7 @@ def _number(body: dict, name: str, low: float, high: float) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _type_error(name, "a number")
+        raise type_error(name, "a number")
     if not low <= value <= high:
         raise invalid(f"Invalid value for '{name}': expected a number from {low} to {high}.", name, "invalid_value")
 
@@ -222,7 +213,7 @@ def _metadata(metadata: Any) -> None:
     if metadata is None:
         return
     if not isinstance(metadata, dict) or len(metadata) > METADATA_KEYS:
-        raise _type_error("metadata", f"an object of at most {METADATA_KEYS} string values")
+        raise type_error("metadata", f"an object of at most {METADATA_KEYS} string values")
     for key, value in metadata.items():
         if not isinstance(value, str) or len(value) > METADATA_VALUE_CHARS or len(key) > 64:
             raise invalid(f"Invalid value for 'metadata.{key}': a string of at most {METADATA_VALUE_CHARS} characters "
@@ -253,9 +244,9 @@ def parse(raw: bytes) -> ResponsesRequest:
     elif given is None:
         raise invalid("Missing required parameter: 'input'.", "input", "missing_required_parameter")
     else:
-        raise _type_error("input", "a string or an array of input items")
+        raise type_error("input", "a string or an array of input items")
     if body.get("instructions") is not None and not isinstance(body["instructions"], str):
-        raise _type_error("instructions", "a string")
+        raise type_error("instructions", "a string")
     tokens = body.get("max_output_tokens")
     if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_TOKENS_LIMIT):
         raise invalid(f"Invalid value for 'max_output_tokens': expected an integer from 1 to {MAX_TOKENS_LIMIT}.",
@@ -269,10 +260,10 @@ def parse(raw: bytes) -> ResponsesRequest:
     _metadata(body.get("metadata"))
     for name in ("stream", "store", "parallel_tool_calls"):
         if body.get(name) is not None and not isinstance(body[name], bool):
-            raise _type_error(name, "a boolean")
+            raise type_error(name, "a boolean")
     previous = body.get("previous_response_id")
     if previous is not None and not isinstance(previous, str):
-        raise _type_error("previous_response_id", "a string")
+        raise type_error("previous_response_id", "a string")
     if not items and not previous:
         raise invalid("'input' must contain at least one item.", "input", "invalid_value")
     return ResponsesRequest(body=body, items=items, stream=bool(body.get("stream")),
