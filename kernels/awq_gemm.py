@@ -20,6 +20,7 @@ from kernels._launch import (
     dot_precision,
     fail,
 )
+from kernels._tiles import grouped_tile
 
 
 @triton.jit
@@ -38,18 +39,7 @@ def _awq_gemm_kernel(
     GROUP_M: tl.constexpr,  # row tiles that share column tiles while they are in L2
     DOT_PRECISION: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    group_first = (pid // (GROUP_M * tiles_n)) * GROUP_M
-    group_rows = tl.minimum(tiles_m - group_first, GROUP_M)
-    pid_m = group_first + (pid % (GROUP_M * tiles_n)) % group_rows
-    pid_n = (pid % (GROUP_M * tiles_n)) // group_rows
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
+    offs_m, offs_n, mask_m, mask_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     word = offs_n // 8
     # Column c of a word sits in nibble AWQ_REVERSE_ORDER[c % 8] = (c % 8) // 2 + 4 (c % 2).
     shifts = ((offs_n % 8) // 2 + (offs_n % 2) * 4) * 4

@@ -26,6 +26,7 @@ from kernels._launch import (
     dot_precision,
     fail,
 )
+from kernels._tiles import grouped_tile
 from kernels.reference import quantize_fp8_per_token
 
 _E4M3_TO_FP16_EXPONENT_SHIFT = 256.0  # 2^(15 - 7)
@@ -45,18 +46,7 @@ def _fp8_linear_kernel(
     GROUP_M: tl.constexpr,  # row tiles that share column tiles while they are in L2
     DOT_PRECISION: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    group_first = (pid // (GROUP_M * tiles_n)) * GROUP_M
-    group_rows = tl.minimum(tiles_m - group_first, GROUP_M)
-    pid_m = group_first + (pid % (GROUP_M * tiles_n)) % group_rows
-    pid_n = (pid % (GROUP_M * tiles_n)) // group_rows
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
+    offs_m, offs_n, mask_m, mask_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
