@@ -89,8 +89,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def read_chat_stream(response) -> tuple[float | None, str, dict]:
-    """(arrival of the first content, the text, the usage) of a streamed chat completion (an httpx response)."""
+async def read_chat_stream(response, arrivals: list[float] | None = None) -> tuple[float | None, str, dict]:
+    """(arrival of the first content, the text, the usage) of a streamed chat completion (an httpx response).
+
+    `arrivals`, when given, receives the arrival time of every event that carried content: the
+    inter-token latencies are their gaps (`ttft_and_gaps`).
+    """
     first, text, usage = None, "", {}
     async for line in response.aiter_lines():
         if not line.startswith("data: ") or line == "data: [DONE]":
@@ -98,9 +102,19 @@ async def read_chat_stream(response) -> tuple[float | None, str, dict]:
         event = orjson.loads(line[6:])
         if event.get("usage"):
             usage = event["usage"]
-        for choice in event.get("choices") or []:
-            piece = (choice.get("delta") or {}).get("content") or ""
-            if piece and first is None:
-                first = time.perf_counter()
-            text += piece
+        pieces = "".join((choice.get("delta") or {}).get("content") or "" for choice in event.get("choices") or [])
+        if pieces:
+            now = time.perf_counter()
+            if first is None:
+                first = now
+            if arrivals is not None:
+                arrivals.append(now)
+            text += pieces
     return first, text, usage
+
+
+def ttft_and_gaps(start: float, arrivals: list[float]) -> tuple[float | None, list[float]]:
+    """(time to first content, the gaps between content events), in ms, of a stream sent at `start`."""
+    if not arrivals:
+        return None, []
+    return (arrivals[0] - start) * 1000, [(b - a) * 1000 for a, b in zip(arrivals, arrivals[1:], strict=False)]

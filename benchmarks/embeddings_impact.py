@@ -27,9 +27,8 @@ import time
 from pathlib import Path
 
 import httpx
-import orjson
 
-from benchmarks.common import environment, fmt, percentile, write_results
+from benchmarks.common import environment, fmt, percentile, read_chat_stream, ttft_and_gaps, write_results
 from benchmarks.gateway import free_port
 from benchmarks.load import MODEL, WORKER_FLAGS
 from benchmarks.serve_client import wait_ready
@@ -43,22 +42,13 @@ async def chat(client: httpx.AsyncClient, url: str, max_tokens: int, out: list) 
     body = {"model": MODEL, "stream": True, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "messages": [{"role": "user", "content": f"Write a short note about number {random.random():.6f}."}]}
     t0 = time.perf_counter()
-    ttft, gaps, last = None, [], None
+    arrivals: list[float] = []
     async with client.stream("POST", url + "/v1/chat/completions", json=body, headers={"X-Priority": "10"}) as r:
         if r.status_code != 200:
             out.append({"status": r.status_code})
             return
-        async for line in r.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = orjson.loads(line[6:])
-            if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
-                now = time.perf_counter()
-                if ttft is None:
-                    ttft = (now - t0) * 1000
-                else:
-                    gaps.append((now - last) * 1000)
-                last = now
+        await read_chat_stream(r, arrivals)
+    ttft, gaps = ttft_and_gaps(t0, arrivals)
     out.append({"status": 200, "ttft_ms": ttft, "gaps": gaps})
 
 

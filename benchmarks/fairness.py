@@ -27,9 +27,8 @@ import time
 from pathlib import Path
 
 import httpx
-import orjson
 
-from benchmarks.common import environment, fmt, percentile, write_results
+from benchmarks.common import environment, fmt, percentile, read_chat_stream, ttft_and_gaps, write_results
 from benchmarks.gateway import free_port
 from benchmarks.serve_client import wait_ready
 
@@ -45,25 +44,15 @@ async def one_request(client: httpx.AsyncClient, url: str, tenant: str, max_toke
             "messages": [{"role": "user", "content": f"Write a note about request {random.random():.6f}."}]}
     headers = {"X-Tenant-Id": tenant, "X-Priority": str(PRIORITY), "X-Cache-Salt": f"salt-{tenant}"}
     t0 = time.perf_counter()
-    ttft, tokens, gaps, last = None, 0, [], None
+    arrivals: list[float] = []
     try:
         async with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as r:
             if r.status_code != 200:
                 out.append({"status": r.status_code, "body": (await r.aread())[:200].decode(errors="replace")})
                 return
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = orjson.loads(line[6:])
-                if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
-                    tokens += 1
-                    now = time.perf_counter()
-                    if ttft is None:
-                        ttft = (now - t0) * 1000
-                    else:
-                        gaps.append((now - last) * 1000)
-                    last = now
-        out.append({"status": 200, "ttft_ms": ttft, "tokens": tokens, "gaps": gaps, "start": t0,
+            await read_chat_stream(r, arrivals)
+        ttft, gaps = ttft_and_gaps(t0, arrivals)
+        out.append({"status": 200, "ttft_ms": ttft, "tokens": len(arrivals), "gaps": gaps, "start": t0,
                     "end": time.perf_counter()})
     except httpx.HTTPError as exc:
         out.append({"status": 0, "body": type(exc).__name__})

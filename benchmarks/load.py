@@ -32,7 +32,15 @@ from pathlib import Path
 import httpx
 import orjson
 
-from benchmarks.common import environment, fmt, percentile, setup_script, write_results
+from benchmarks.common import (
+    environment,
+    fmt,
+    percentile,
+    read_chat_stream,
+    setup_script,
+    ttft_and_gaps,
+    write_results,
+)
 from benchmarks.gateway import free_port, wait_http
 from benchmarks.serve import wait_ready
 
@@ -70,7 +78,7 @@ async def one_request(client: httpx.AsyncClient, url: str, key: str, max_tokens:
     body = {"model": MODEL, "stream": True, "max_tokens": max_tokens, "temperature": 0,
             "messages": [{"role": "user", "content": f"Write a short note about load number {random.random():.6f}."}]}
     t0 = time.perf_counter()
-    ttft, gaps, last = None, [], None
+    arrivals: list[float] = []
     try:
         async with client.stream("POST", url + "/v1/chat/completions", json=body,
                                  headers={"Authorization": f"Bearer {key}"}) as r:
@@ -82,17 +90,8 @@ async def one_request(client: httpx.AsyncClient, url: str, key: str, max_tokens:
                     code = str(r.status_code)
                 out.append({"status": r.status_code, "code": code})
                 return
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = orjson.loads(line[6:])
-                if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
-                    now = time.perf_counter()
-                    if ttft is None:
-                        ttft = (now - t0) * 1000
-                    else:
-                        gaps.append((now - last) * 1000)
-                    last = now
+            await read_chat_stream(r, arrivals)
+        ttft, gaps = ttft_and_gaps(t0, arrivals)
         out.append({"status": 200, "code": "ok", "ttft_ms": ttft, "gaps": gaps})
     except httpx.HTTPError as exc:
         out.append({"status": 0, "code": type(exc).__name__})
