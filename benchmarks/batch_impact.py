@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 import orjson
 
-from benchmarks.common import environment, fmt, setup_script, write_results
+from benchmarks.common import db_step, db_step_process, environment, fmt, write_results
 from benchmarks.gateway import free_port, wait_http
 from benchmarks.load import MODEL, TIERS, WORKER_FLAGS, drive, summarize
 from benchmarks.serve import wait_ready
@@ -45,18 +45,7 @@ PREMIUM = TIERS[-1]
 
 
 def prepare(env: dict) -> dict[str, str]:
-    script = (
-        setup_script(MODEL) +
-        "from tenants import services; keys = {};"
-        f"tier = services.tier_create(name='impact-premium', priority={PREMIUM[1]}, slo_ttft_p95_ms={PREMIUM[2]},"
-        f" slo_itl_p95_ms={PREMIUM[3]});"
-        "keys['premium'] = services.tenant_create_with_key(name='Premium', tier=tier)[1].secret;"
-        "bulk = services.tier_create(name='impact-bulk', priority=20);"
-        "keys['batch'] = services.tenant_create_with_key(name='Bulk', tier=bulk)[1].secret;"
-        "print(json.dumps(keys))"
-    )
-    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, check=True, capture_output=True, text=True)
-    return orjson.loads(out.stdout.strip().splitlines()[-1])
+    return db_step(env, "impact_tenants", model=MODEL, premium=PREMIUM)
 
 
 @contextlib.contextmanager
@@ -89,10 +78,7 @@ def create_batch(url: str, key: str, lines: int, max_tokens: int, tag: str) -> s
 
 
 def start_runner(env: dict, batch_id: str) -> subprocess.Popen:
-    code = ("import asyncio, json, time, django; django.setup(); from controlplane.batches.runner import run;"
-            f"t = time.perf_counter(); status = asyncio.run(run({batch_id!r}));"
-            "print(json.dumps({'status': status, 'seconds': time.perf_counter() - t}), flush=True)")
-    return subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    return db_step_process(env, "run_batch", batch_id=batch_id)
 
 
 def batch(url: str, key: str, batch_id: str) -> dict:

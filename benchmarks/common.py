@@ -6,6 +6,8 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,8 @@ from typing import Any
 import orjson
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -71,16 +74,18 @@ def mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def setup_script(model: str) -> str:
-    """The start of a `python -c` set-up script: Django set up, the database migrated, and `model`
-    priced like production (so metering prices every request; unpriced usage logs an error each)."""
-    return (
-        "import django, json, datetime, decimal; django.setup();"
-        "from django.core.management import call_command; call_command('migrate', verbosity=0);"
-        "from billing.services.prices import price_create; D = decimal.Decimal;"
-        f"price_create(model={model!r}, input_per_mtok=D('0.10'), cached_input_per_mtok=D('0.05'),"
-        " output_per_mtok=D('0.40'), effective_from=datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC));"
-    )
+def db_step_process(env: dict[str, str], step: str, **kwargs: Any) -> subprocess.Popen:
+    """benchmarks.db_setup's `step` started in a child with `env` (the stack's database and settings);
+    its one JSON line comes on the process's stdout."""
+    return subprocess.Popen([sys.executable, "-m", "benchmarks.db_step", step, json.dumps(kwargs)], env=env,
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+
+
+def db_step(env: dict[str, str], step: str, **kwargs: Any) -> Any:
+    """benchmarks.db_setup's `step` run in a child with `env`, to its result."""
+    out = subprocess.run([sys.executable, "-m", "benchmarks.db_step", step, json.dumps(kwargs)], env=env, cwd=ROOT,
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def cpu_seconds(pid: int) -> float:

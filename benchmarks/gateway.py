@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks import gateway_refusals
-from benchmarks.common import cpu_seconds, percentile, setup_script, write_results
+from benchmarks.common import cpu_seconds, db_step, percentile, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,18 +64,7 @@ def wait_http(url: str, timeout: float = 60.0) -> None:
 def prepare_database(env: dict[str, str], model: str) -> dict[str, str]:
     """Migrate a fresh database, price the model, create an unlimited bench tenant and a free-tier
     tenant allowed 2 requests a minute; returns their keys ("bench", "free")."""
-    script = (
-        setup_script(model) +
-        "from tenants import services;"
-        "tier = services.tier_create(name='bench', priority=0);"
-        "tenant, created = services.tenant_create_with_key(name='Bench', tier=tier);"
-        "free = services.tier_create(name='bench-free', priority=30, requests_per_minute=2);"
-        "_, free_key = services.tenant_create_with_key(name='Free', tier=free);"
-        "print(created.secret, free_key.secret)"
-    )
-    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, check=True, capture_output=True, text=True)
-    bench, free = out.stdout.strip().splitlines()[-1].split()
-    return {"bench": bench, "free": free}
+    return db_step(env, "gateway_tenants", model=model)
 
 
 _bare_client: httpx.AsyncClient | None = None
@@ -230,10 +219,7 @@ def start_gateway(usage_queue: str, upstream: str, args, tmp: str, procs: list,
 
 
 def ledger_rows(env: dict) -> int:
-    out = subprocess.run(
-        [sys.executable, "-c", "import django; django.setup(); from billing.models import UsageRecord; "
-         "print(UsageRecord.objects.count())"], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
-    return int(out.stdout.strip().splitlines()[-1])
+    return db_step(env, "ledger_rows")
 
 
 def main() -> None:

@@ -33,11 +33,11 @@ import httpx
 import orjson
 
 from benchmarks.common import (
+    db_step,
     environment,
     fmt,
     percentile,
     read_chat_stream,
-    setup_script,
     ttft_and_gaps,
     write_results,
 )
@@ -60,18 +60,7 @@ GATEWAY_SHED = "20=6,30=2"  # gateway sheds standard at 6 queued, free at 2 (the
 
 
 def prepare(env: dict) -> dict[str, str]:
-    script = (
-        setup_script(MODEL) +
-        "from tenants import services; keys = {};"
-        f"tiers = {TIERS!r};"
-        "\nfor name, prio, ttft, itl in tiers:"
-        "\n    tier = services.tier_create(name='load-' + name, priority=prio, slo_ttft_p95_ms=ttft, slo_itl_p95_ms=itl)"
-        "\n    tenant, created = services.tenant_create_with_key(name='Load ' + name, tier=tier)"
-        "\n    keys[name] = created.secret"
-        "\nprint(json.dumps(keys))"
-    )
-    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, check=True, capture_output=True, text=True)
-    return orjson.loads(out.stdout.strip().splitlines()[-1])
+    return db_step(env, "tier_tenants", model=MODEL, tiers=TIERS)
 
 
 async def one_request(client: httpx.AsyncClient, url: str, key: str, max_tokens: int, out: list) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 import httpx
 import orjson
 
-from benchmarks.common import fmt, percentile, read_chat_stream, setup_script
+from benchmarks.common import db_step, fmt, percentile, read_chat_stream
 from benchmarks.gateway import free_port, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,16 +62,7 @@ def setups(counts: list[int], unshared: bool) -> list[Setup]:
 def prepare(env: dict[str, str], model: str, names: list[str], tenants: int) -> dict[str, list[str]]:
     """Migrate the shared database, price the model, and make `tenants` tenants (own salt, own key) per
     pass name, on an unlimited tier; returns their keys by pass name."""
-    script = setup_script(model) + (
-        "\nimport json; from tenants import services;"
-        "tier = services.tier_create(name='bench', priority=0); keys = {};"
-        f"names = {names!r}\n"
-        "for name in names:\n"
-        f"    keys[name] = [services.tenant_create_with_key(name=f'{{name}}-{{t}}', tier=tier)[1].secret for t in range({tenants})]\n"
-        "print(json.dumps(keys))"
-    )
-    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return db_step(env, "routing_tenants", model=model, names=names, tenants=tenants)
 
 
 def start_gateways(n: int, shared: bool, base_env: dict[str, str], procs: list) -> list[str]:
