@@ -52,7 +52,7 @@ TIERS = [("free", 30, 5000, 250), ("standard", 20, 2000, 120), ("premium", 10, 1
 # while premium is in the engine, and while premium decodes each step's prefill is cut to what the
 # fitted step cost keeps within 60 ms (and 16 tokens). A/B on the AVX2 EPYC (2026-11-23) at capacity 2 req/s:
 # premium ITL p95 at 2x 65 ms with the timed budget against 92 ms with the seat cap alone
-# (results/history/load_avx2_fp16w_*).
+# (results/history/load.md).
 WORKER_FLAGS = ["--kv-cache-memory=256MiB", "--max-num-seqs=8", "--max-num-batched-tokens=256",
                 "--waiting-limits=20=16,30=4", "--max-waiting=64", "--itl-guard-priority=10", "--itl-guard-tokens=32",
                 "--itl-guard-seqs=1", "--itl-guard-step-tokens=16", "--itl-guard-step-ms=60", "--threads=1"]

@@ -20,7 +20,8 @@ batch-1 decode steps run as one C++ call (models/fused_decode.py): the step is ~
 each one's first and second pass at 32 concurrent (the first pass over new batch shapes pays for
 oneDNN building its kernels), with the time each took to turn ready.
 
-Results: benchmarks/results/serve_vs_offline.json and .md (serve_vs_offline_first_pass.* for --first-pass).
+Results: benchmarks/results/serve_vs_offline.json and .md (serve_vs_offline_first_pass.* for --first-pass;
+earlier runs and variants are folded into benchmarks/results/history/serve_vs_offline.md).
 """
 
 from __future__ import annotations
