@@ -212,13 +212,19 @@ def _completions(body: dict, field: str = "prompt") -> tuple[int, int, bytes, in
                   "token-id arrays, and not empty.", field, "invalid_type")
 
 
-def parse(raw: bytes, kind: str) -> ParsedRequest:
+def json_object(raw: bytes) -> dict:
+    """A request body that must be a JSON object, or the 400 OpenAI answers for anything else."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise invalid("We could not parse the JSON body of your request.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def parse(raw: bytes, kind: str) -> ParsedRequest:
+    body = json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("you must provide a model parameter", "model", "missing_required_parameter")

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from .parsing import MAX_TOKENS_LIMIT, content_parts, invalid, type_error
+from .parsing import MAX_TOKENS_LIMIT, content_parts, invalid, json_object, type_error
 
 # Accepted only at the value that means "nothing special": anything else is refused, naming the field.
 NEUTRAL = {
@@ -221,12 +221,7 @@ def _metadata(metadata: Any) -> None:
 
 
 def parse(raw: bytes) -> ResponsesRequest:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise invalid("We could not parse the JSON body of your request.", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise invalid("The request body must be a JSON object.", code="invalid_json")
+    body = json_object(raw)
     for name, value in body.items():
         if name in TRANSLATED or name in IGNORED:
             continue
