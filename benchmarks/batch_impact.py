@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 import orjson
 
-from benchmarks.common import db_step, db_step_process, environment, fmt, write_results
+from benchmarks.common import db_step, db_step_process, environment, fmt, stop_processes, write_results
 from benchmarks.gateway import free_port, wait_http
 from benchmarks.load import MODEL, TIERS, WORKER_FLAGS, drive, summarize
 from benchmarks.serve import wait_ready
@@ -185,14 +185,7 @@ def main() -> None:
             idle_stats = {"lines": args.lines, "completed": done["request_counts"]["completed"],
                           "failed": done["request_counts"]["failed"], "seconds": seconds, "wall_seconds": wall}
         finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop_processes(procs, 20)
     engine_runs.append(offline(args.lines, args.max_tokens))
     engine = max(engine_runs, key=lambda r: r["tokens_per_s"])
     idle_stats["requests_per_s"] = idle_stats["completed"] / seconds

@@ -88,6 +88,17 @@ def db_step(env: dict[str, str], step: str, **kwargs: Any) -> Any:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def stop_processes(procs: list[subprocess.Popen], timeout: float) -> None:
+    """Terminate every process, then wait for each up to `timeout` s, killing one that has not exited."""
+    for proc in procs:
+        proc.terminate()  # a no-op for one that has already exited
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process (Linux /proc): a load-independent cost measure."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks import gateway_refusals
-from benchmarks.common import cpu_seconds, db_step, percentile, write_results
+from benchmarks.common import cpu_seconds, db_step, percentile, stop_processes, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -303,13 +303,7 @@ def main() -> None:
         rows_written = {"inline": ledger_rows(inline_env), "queue": ledger_rows(queue_env)}
         limiter = inline_env["TESSERA_LIMITER"]
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(procs, 10)
 
     data = {
         "upstream": upstream_kind, "model": args.model, "limiter": limiter, "database": "sqlite",

@@ -38,6 +38,7 @@ from benchmarks.common import (
     fmt,
     percentile,
     read_chat_stream,
+    stop_processes,
     ttft_and_gaps,
     write_results,
 )
@@ -248,13 +249,7 @@ def main() -> None:
                     f"{n} TTFT p95 {fmt(s['ttft_p95_ms'], 0)} ms, 429 {fmt((s['rate_429'] or 0) * 100, 0)}%"
                     for n, s in summary.items()), flush=True)
         finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop_processes(procs, 20)
     data = {"environment": environment(), "model": MODEL, "worker_flags": WORKER_FLAGS, "gateway_shed": GATEWAY_SHED,
             "max_tokens": args.max_tokens, "seconds_per_level": args.seconds, "capacity_rps": capacity,
             "capacity_slo": "given" if args.capacity else args.capacity_slo,
