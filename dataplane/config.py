@@ -97,11 +97,28 @@ class CacheConfig:
     # "auto": K and V in the model's dtype; "fp8": float8 E4M3 with a float16 scale per token and KV head
     # (kernels/kv_fp8.py), about twice the blocks in the same kv_cache_memory (docs/kv_cache.md)
     kv_cache_dtype: str = "auto"
+    # The prefix cache's second tier (kv_cache/second_tier.py): blocks evicted from the KV cache are kept,
+    # up to this many bytes, in host memory (or in kv_offload_dir), and loaded back instead of recomputed
+    # (0: no second tier).
+    kv_offload_size: int | str = 0
+    kv_offload_dir: str | None = None  # a local directory for the second tier, one engine's own (None: memory)
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size: must be a positive power of two, got {self.block_size!r}")
         self.kv_cache_memory = parse_bytes(self.kv_cache_memory, name="kv_cache_memory")
+        if self.kv_offload_size not in (0, "0", "", None):
+            self.kv_offload_size = parse_bytes(self.kv_offload_size, name="kv_offload_size")
+            if not self.enable_prefix_caching:
+                raise ValueError("kv_offload_size: the second tier keeps prefix-cache blocks; "
+                                 "enable_prefix_caching is off")
+        else:
+            self.kv_offload_size = 0
+        if self.kv_offload_dir is not None:
+            if not isinstance(self.kv_offload_dir, str) or not self.kv_offload_dir or "\x00" in self.kv_offload_dir:
+                raise ValueError(f"kv_offload_dir: must be a directory path, got {self.kv_offload_dir!r}")
+            if not self.kv_offload_size:
+                raise ValueError("kv_offload_dir: set kv_offload_size too (the directory's byte cap)")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype: must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dataplane.kv_cache.second_tier import TierStats
+
 
 @dataclass(slots=True)
 class SchedulerStats:
@@ -26,3 +28,4 @@ class SchedulerStats:
     cuda_graph_capture_seconds: float = 0.0  # wall time the capture took
     cuda_graph_memory_bytes: int = 0  # device memory of the graphs' shared pool
     cuda_graph_replays: int = 0  # cumulative decode steps served by a graph
+    kv_offload: TierStats | None = None  # the prefix cache's second tier (a copy); None when there is none

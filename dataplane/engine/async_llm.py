@@ -83,7 +83,8 @@ class AsyncLLM:
                                          "tensor_parallel_size", "compile_decode", "quantization", "cuda_graphs",
                                          "int4_dense_above")
               if k in kwargs}
-        cc = {k: kwargs.pop(k) for k in ("block_size", "kv_cache_memory", "enable_prefix_caching", "kv_cache_dtype")
+        cc = {k: kwargs.pop(k) for k in ("block_size", "kv_cache_memory", "enable_prefix_caching", "kv_cache_dtype",
+                                         "kv_offload_size", "kv_offload_dir")
               if k in kwargs}
         sc = {k: kwargs.pop(k) for k in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "aging_seconds",
                                          "long_prefill_token_threshold", "itl_guard_priority", "itl_guard_tokens", "itl_guard_seqs",

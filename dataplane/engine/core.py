@@ -12,6 +12,7 @@ from typing import Any
 from dataplane.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from dataplane.engine.output_processor import OutputProcessor
 from dataplane.kv_cache.manager import KVCacheManager
+from dataplane.kv_cache.second_tier import SecondTier
 from dataplane.lora.manager import AdapterInfo, LoRAManager, LoRAStats
 from dataplane.models.loader import LoadedModel, load_configured
 from dataplane.outputs import RequestOutput
@@ -78,7 +79,13 @@ class EngineCore:
         log.info(report)
         if progress:
             print(report, file=sys.stderr)
-        kv = KVCacheManager(num_blocks, cache_config.block_size, cache_config.enable_prefix_caching)
+        tier = None
+        if cache_config.kv_offload_size:
+            if model_config.tensor_parallel_size > 1:  # each rank holds its heads' share of a block
+                raise ValueError("kv_offload_size: the second tier does not run with tensor_parallel_size > 1 yet")
+            tier = SecondTier(int(cache_config.kv_offload_size), per_token * cache_config.block_size,
+                              cache_config.kv_offload_dir)
+        kv = KVCacheManager(num_blocks, cache_config.block_size, cache_config.enable_prefix_caching, tier)
         self.scheduler = Scheduler(scheduler_config, kv, self.max_model_len,
                                    max_loras=lora_config.max_loras if lora_config else None)
         # Multi-LoRA (dataplane/lora): None when the engine serves the base model only.
@@ -89,7 +96,7 @@ class EngineCore:
                                          compile_timeout=grammar_compile_timeout)
         self.runner = ModelRunner(self.model, num_blocks, cache_config.block_size, model_config.seed,
                                   max_num_seqs=scheduler_config.max_num_seqs, max_model_len=self.max_model_len,
-                                  kv_cache_dtype=cache_config.kv_cache_dtype,
+                                  kv_cache_dtype=cache_config.kv_cache_dtype, tier=tier,
                                   lora=self.lora.runtime if self.lora else None, structured=self.structured)
         mode = model_config.graph_mode
         if mode is not None:
@@ -279,6 +286,8 @@ class EngineCore:
         close = getattr(self.model, "close", None)
         if close is not None:
             close()
+        if self.scheduler.kv.tier is not None:
+            self.scheduler.kv.tier.close()
 
     def stats(self) -> SchedulerStats:
         stats = self.scheduler.stats()

@@ -111,4 +111,4 @@ def forget_throwaway(core: EngineCore) -> None:
     s.step_cost = StepCostModel()  # first-shape steps are slow: they would skew the step-time fit
     pool = s.kv.pool
     pool.queries = pool.hits = 0
-    pool.reset_prefix_cache()
+    s.kv.reset_prefix_cache()

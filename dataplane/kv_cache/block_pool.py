@@ -26,6 +26,9 @@ class BlockPool:
         self.cached: dict[bytes, KVBlock] = {}
         self.queries = 0  # prefix-cache lookups, in tokens
         self.hits = 0  # tokens found
+        # (block id, hash) of cached blocks handed out since the caller last took the list; None: not
+        # recorded (no second tier to keep them in)
+        self.evicted: list[tuple[int, bytes]] | None = None
 
     @property
     def num_free(self) -> int:
@@ -48,6 +51,8 @@ class BlockPool:
             if block.block_hash is not None:
                 if self.cached.get(block.block_hash) is block:
                     del self.cached[block.block_hash]
+                    if self.evicted is not None:
+                        self.evicted.append((block_id, block.block_hash))
                 block.block_hash = None
             block.ref_cnt = 1
             out.append(block)

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from dataplane.kv_cache.second_tier import SecondTier
 from dataplane.lora.runtime import LoRARuntime
 from dataplane.models.llama import LlamaModel
 from dataplane.runner.attention import AttentionMetadata, allocate_kv_cache, decode_groups, make_prefill_chunk
+from dataplane.runner.block_transfer import read_blocks, write_blocks
 from dataplane.runner.decode_graphs import DecodeGraphs
 from dataplane.runner.grammar_masks import GrammarMasks
 from dataplane.runner.input_batch import InputBatch
@@ -50,8 +52,10 @@ class StepHandle:
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, seed: int = 0,
                  lora: LoRARuntime | None = None, structured: GrammarBackend | None = None,
-                 max_num_seqs: int = 64, max_model_len: int | None = None, kv_cache_dtype: str = "auto") -> None:
+                 max_num_seqs: int = 64, max_model_len: int | None = None, kv_cache_dtype: str = "auto",
+                 tier: SecondTier | None = None) -> None:
         self.model = model
+        self.tier = tier  # the prefix cache's second tier: the step's saves and loads move bytes to and from it
         self.lora = lora  # device slots and per-step adapter metadata, when LoRA is enabled
         self.block_size = block_size
         a = model.args
@@ -166,6 +170,8 @@ class ModelRunner:
             return self._launch(out, prev)
 
     def _launch(self, out: SchedulerOutput, prev: StepHandle | None) -> StepHandle:
+        if out.kv_saves or out.kv_loads:
+            self._move_blocks(out)
         self._sync_states(out)
         result = ModelRunnerOutput()
         if out.is_empty:
@@ -215,6 +221,17 @@ class ModelRunner:
         if self.overlap and not (step is self.steady.step and self.steady.advanced):
             self.batch.pending_index[step.sampled_rows] = np.arange(len(sampled))
         return StepHandle(result, sampled, self._launched_states(step), step.sampled_rows, tokens, raw, sampling)
+
+    def _move_blocks(self, out: SchedulerOutput) -> None:
+        """The second tier's traffic, before the forward: evicted blocks' bytes out (before anything
+        overwrites them), then found blocks' bytes in (before anything reads them)."""
+        if self.tier is None:
+            raise RuntimeError("the scheduler moved KV blocks to a second tier the runner does not have")
+        if out.kv_saves:
+            rows, ready = read_blocks(self.kv_caches, [b for b, _ in out.kv_saves])
+            self.tier.save([h for _, h in out.kv_saves], rows, ready)
+        if out.kv_loads:
+            write_blocks(self.kv_caches, list(out.kv_loads), list(out.kv_loads.values()))
 
     def _launched_states(self, step: StepInputs) -> list[RunnerRequestState]:
         """The sampled requests' states (finish skips a request whose state changed since): the kept decode

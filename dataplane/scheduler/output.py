@@ -45,6 +45,11 @@ class SchedulerOutput:
     advanced: bool = False
     pending: set[str] = field(default_factory=set)  # requests whose sample this step advance() marked pending
     starts: dict[str, int] = field(default_factory=dict)  # advance(): each request's computed tokens before it
+    # The prefix cache's second tier (kv_cache/second_tier.py), applied by the runner before the forward, saves
+    # first: (block id, hash) of cached blocks handed to new owners this step, whose bytes go to the tier;
+    # {block id: payload} of blocks found in the tier, whose bytes come back into the cache.
+    kv_saves: list[tuple[int, bytes]] = field(default_factory=list)
+    kv_loads: dict[int, bytes] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from dataplane.config import SchedulerConfig
 from dataplane.kv_cache.manager import KVCacheManager
@@ -190,6 +191,8 @@ class Scheduler:
             budget = self._admit_waiting(out, budget, now, rank)
 
         out.total_num_scheduled_tokens = self.config.max_num_batched_tokens - budget
+        if kv.tier is not None:
+            out.kv_saves, out.kv_loads = kv.take_transfers()
         out.finished_request_ids = self._finished_since_schedule
         self._finished_since_schedule = set()
         return out
@@ -570,4 +573,5 @@ class Scheduler:
             num_preemptions=self.num_preemptions, prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generation_tokens, num_blocks=pool.num_blocks, num_free_blocks=pool.num_free,
             num_paused=self.num_paused, spec_num_drafts=self.spec_num_drafts,
-            spec_num_draft_tokens=self.spec_num_draft_tokens, spec_num_accepted_tokens=self.spec_num_accepted_tokens)
+            spec_num_draft_tokens=self.spec_num_draft_tokens, spec_num_accepted_tokens=self.spec_num_accepted_tokens,
+            kv_offload=replace(self.kv.tier.stats) if self.kv.tier is not None else None)

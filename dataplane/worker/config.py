@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
-from dataplane.config import KV_CACHE_DTYPES, LoRAConfig, parse_bytes
+from dataplane.config import KV_CACHE_DTYPES, CacheConfig, LoRAConfig, parse_bytes
 from dataplane.sampling_params import POOLING_TYPES
 from dataplane.spec_decode.config import SpeculativeConfig
 
@@ -37,6 +37,11 @@ class WorkerConfig:
     # kv_cache_memory; docs/kv_cache.md). A managed worker (the agent) gates fp8 before serving it
     # (dataplane/quant/gate.py, method kv_fp8); one that loads its model at start-up serves it unchecked
     kv_cache_dtype: str = "auto"
+    # the prefix cache's second tier (docs/kv_cache.md): bytes of evicted KV blocks kept in host memory, or
+    # in kv_offload_dir (a local directory this worker alone uses; emptied of its entries at start), and
+    # loaded back instead of recomputed; "0": none
+    kv_offload_size: str = "0"
+    kv_offload_dir: str | None = None
     block_size: int = 16
     max_model_len: int | None = None
     max_num_seqs: int = 64
@@ -131,6 +136,8 @@ class WorkerConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port: must be in [0, 65535], got {self.port}")
         parse_bytes(self.kv_cache_memory, name="kv_cache_memory")
+        CacheConfig(kv_offload_size=self.kv_offload_size, kv_offload_dir=self.kv_offload_dir,
+                    enable_prefix_caching=self.enable_prefix_caching)  # the engine's own checks, before loading
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype: must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_n", "default_max_tokens", "block_size",
@@ -196,6 +203,7 @@ class WorkerConfig:
         return {
             "dtype": self.dtype, "weight_dtype": self.weight_dtype, "kv_cache_memory": self.kv_cache_memory,
             "kv_cache_dtype": self.kv_cache_dtype,
+            "kv_offload_size": self.kv_offload_size, "kv_offload_dir": self.kv_offload_dir,
             "block_size": self.block_size,
             "max_model_len": self.max_model_len, "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens, "max_waiting": self.max_waiting,

@@ -48,6 +48,7 @@ class EngineCollector(Collector):
 
     def _families(self, s: SchedulerStats | None) -> Iterator[Metric]:
         labels = [self.model_name]
+        t = s.kv_offload if s is not None else None
         gauges = (("num_requests_running", "Requests holding KV blocks (each of n completions counts)",
                    s and s.num_running),
                   ("num_requests_waiting", "Requests queued, preempted ones included", s and s.num_waiting),
@@ -57,7 +58,11 @@ class EngineCollector(Collector):
                   ("cuda_graph_count", "Decode CUDA graphs captured (0: eager)", s and s.cuda_graphs),
                   ("cuda_graph_capture_seconds", "Seconds the decode graphs' capture took at start-up",
                    s and s.cuda_graph_capture_seconds),
-                  ("cuda_graph_memory_bytes", "Device memory of the decode graphs' pool", s and s.cuda_graph_memory_bytes))
+                  ("cuda_graph_memory_bytes", "Device memory of the decode graphs' pool", s and s.cuda_graph_memory_bytes),
+                  ("kv_offload_blocks", "KV blocks held in the prefix cache's second tier", t.held_blocks if t else 0),
+                  ("kv_offload_bytes", "Bytes the second tier holds", t.held_bytes if t else 0),
+                  ("kv_offload_capacity_bytes", "The second tier's byte cap (0: no second tier)",
+                   t.capacity_bytes if t else 0))
         for name, doc, value in gauges:
             g = GaugeMetricFamily(P + name, doc, labels=["model_name"])
             if s is not None:
@@ -74,7 +79,19 @@ class EngineCollector(Collector):
                      s and s.spec_num_draft_tokens),
                     ("spec_decode_num_accepted_tokens", "Draft tokens the model agreed with",
                      s and s.spec_num_accepted_tokens),
-                    ("cuda_graph_replays", "Decode steps replayed from a CUDA graph", s and s.cuda_graph_replays))
+                    ("cuda_graph_replays", "Decode steps replayed from a CUDA graph", s and s.cuda_graph_replays),
+                    ("kv_offload_saved_blocks", "KV blocks evicted from the KV cache and kept in the second tier",
+                     t.saved_blocks if t else 0),
+                    ("kv_offload_saved_bytes", "Bytes written to the second tier", t.saved_bytes if t else 0),
+                    ("kv_offload_loaded_blocks", "KV blocks loaded back from the second tier (hits)",
+                     t.loaded_blocks if t else 0),
+                    ("kv_offload_loaded_bytes", "Bytes read back from the second tier", t.loaded_bytes if t else 0),
+                    ("kv_offload_load_seconds", "Seconds spent reading and verifying second-tier blocks",
+                     t.load_seconds if t else 0),
+                    ("kv_offload_failed_loads", "Second-tier entries missing or corrupt at load (recomputed)",
+                     t.failed_loads if t else 0),
+                    ("kv_offload_failed_saves", "Second-tier writes that failed (the block was not kept)",
+                     t.failed_saves if t else 0))
         for name, doc, value in counters:
             c = CounterMetricFamily(P + name, doc, labels=["model_name"])
             if s is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -27,9 +28,10 @@ from ..models import name_validator as _name_validator
 PLACEMENT_KEYS = {"accelerator", "min_memory_gib", "labels", "workers"}
 ENGINE_ARGS = {"dtype", "weight_dtype", "kv_cache_memory", "block_size", "max_model_len", "max_num_seqs",
                "max_num_batched_tokens", "enable_prefix_caching", "seed", "max_waiting", "max_loras", "max_lora_rank",
-               "tool_call_parser", "tensor_parallel_size", "kv_cache_dtype"}
+               "tool_call_parser", "tensor_parallel_size", "kv_cache_dtype", "kv_offload_size"}
 TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3_json", "pythonic")  # the worker's tool_call_parser
 KV_CACHE_DTYPES = ("auto", "fp8")  # the engine's kv_cache_dtype (dataplane/config.py); fp8 is gated at load
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([kmg](i?b)?|b)?\s*", re.IGNORECASE)  # as the engine's parse_bytes
 MODEL_FIELDS = {"source", "architecture", "context_length", "quantizations", "quantized_sources", "description"}
 
 
@@ -101,6 +103,15 @@ def _check_engine_args(engine_args: Any) -> dict:
     if "kv_cache_dtype" in engine_args and engine_args["kv_cache_dtype"] not in KV_CACHE_DTYPES:
         raise _invalid(f"engine_args.kv_cache_dtype: one of {list(KV_CACHE_DTYPES)} (fp8: E4M3 with per-token "
                        "scales, twice the blocks, served only after its quality gate passes).", "engine_args")
+    if "kv_offload_size" in engine_args:
+        # host memory for the prefix cache's second tier; a directory is the worker's own flag
+        # (--kv-offload-dir): where a worker writes on its disk is its operator's choice, not a deployment's
+        size = engine_args["kv_offload_size"]
+        m = _SIZE.fullmatch(size) if isinstance(size, str) else None
+        if not (isinstance(size, int) and not isinstance(size, bool) and size >= 0
+                or m is not None and (float(m.group(1)) > 0 or size.strip() == "0")):
+            raise _invalid("engine_args.kv_offload_size: a size such as \"8GiB\" or a byte count (0: no second "
+                           "tier of the prefix cache).", "engine_args")
     tp = engine_args.get("tensor_parallel_size", 1)
     if not isinstance(tp, int) or isinstance(tp, bool) or not 1 <= tp <= 1024:
         raise _invalid("engine_args.tensor_parallel_size: an integer from 1 (one device per replica) up; the "

@@ -41,7 +41,7 @@ MODEL_CONFIG = ("dtype", "device", "max_model_len", "seed", "tensor_parallel_siz
 # BF16 EPYC, 297 tok/s at batch 1 and 952 at 32 concurrent, against 94 / 931 for bf16 alone
 # (python -m benchmarks.decode_latency). A deployment's engine_args.int4_dense_above overrides it.
 GGUF_DENSE_ABOVE = 8
-CACHE_CONFIG = ("block_size", "kv_cache_memory", "enable_prefix_caching", "kv_cache_dtype")
+CACHE_CONFIG = ("block_size", "kv_cache_memory", "enable_prefix_caching", "kv_cache_dtype", "kv_offload_size")
 SCHEDULER_CONFIG = ("max_num_seqs", "max_num_batched_tokens", "max_waiting")
 
 
