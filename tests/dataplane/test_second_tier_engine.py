@@ -19,7 +19,7 @@ HISTORIES = [f"Conversation {i} about {topic}. " + f"We keep talking about {topi
 def turns(llm: LLM, rounds: int = 2, between=None) -> list:
     outs = []
     for turn in range(rounds):
-        for i, history in enumerate(HISTORIES):
+        for history in HISTORIES:
             (o,) = llm.generate([history + f" Question {turn}: why?"], GREEDY)
             outs.append(o)
             tier = llm.core.scheduler.kv.tier
