@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dataplane.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig
+from dataplane.engine import kv_transfer
 from dataplane.engine.core import EngineCore, PromptInput
 from dataplane.engine.load_curve import measure_load_curve
 from dataplane.engine.output_processor import OutputProcessor
@@ -178,6 +179,21 @@ class AsyncLLM:
     async def measure_load_curve(self) -> dict:
         """The step-cost sweep (engine/load_curve.py) on the engine thread; after warm_up, before serving."""
         return await self._call(lambda: measure_load_curve(self.core))
+
+    # -- KV blocks by prefix, for prefill/decode disaggregation (engine/kv_transfer.py) -----------
+    def kv_layout(self) -> tuple[bytes, int]:
+        return kv_transfer.layout(self.core)  # fixed at construction: no need for the engine thread
+
+    async def held_blocks(self, token_ids: list[int], cache_salt: str | None) -> int:
+        return await self._call(lambda: kv_transfer.held_blocks(self.core, token_ids, cache_salt))
+
+    async def export_prefix(self, token_ids: list[int], cache_salt: str | None, skip: int = 0
+                            ) -> list[tuple[bytes, bytes]]:
+        return await self._call(lambda: kv_transfer.export_prefix(self.core, token_ids, cache_salt, skip))
+
+    async def import_blocks(self, blocks: list[tuple[bytes, bytes]]) -> int:
+        # The tier is thread-safe; writing to it on a thread of its own keeps the engine stepping meanwhile.
+        return await asyncio.to_thread(kv_transfer.import_blocks, self.core, blocks)
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
         """Run fn on the engine thread between steps; its result or exception comes back here."""

@@ -38,3 +38,13 @@ def update_block_hashes(request: Request, block_size: int) -> list[bytes]:
             parent = block_hash(parent, tokens[i * block_size : (i + 1) * block_size])
             hashes.append(parent)
     return hashes
+
+
+def prefix_hashes(token_ids: list[int], block_size: int, adapter: str | None, cache_salt: str | None) -> list[bytes]:
+    """The hash chain of `token_ids`' full blocks, as a request with these tokens, adapter and salt has it."""
+    parent = root_hash(adapter, cache_salt)
+    out = []
+    for i in range(len(token_ids) // block_size):
+        parent = block_hash(parent, token_ids[i * block_size : (i + 1) * block_size])
+        out.append(parent)
+    return out

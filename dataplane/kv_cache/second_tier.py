@@ -141,25 +141,30 @@ class SecondTier:
         if ready is not None:
             ready.synchronize()
         for i, h in fresh:
-            payload = rows[i].numpy().tobytes()
-            if len(payload) != self.block_bytes:
-                raise ValueError(f"KV block of {len(payload)} bytes, the tier keeps {self.block_bytes}")
-            entry = _MAGIC + zlib.crc32(payload).to_bytes(4, "little") + payload
-            with self._lock:
-                if h in self._index:
-                    continue
-                self._make_room_locked()
+            self.insert(h, rows[i].numpy().tobytes())
+
+    def insert(self, h: bytes, payload: bytes) -> bool:
+        """Keep one block now (the writer thread's saves; blocks received from a prefill worker). False if it
+        could not be written."""
+        if len(payload) != self.block_bytes:
+            raise ValueError(f"KV block of {len(payload)} bytes, the tier keeps {self.block_bytes}")
+        entry = _MAGIC + zlib.crc32(payload).to_bytes(4, "little") + payload
+        with self._lock:
+            if h in self._index:
+                self._index.move_to_end(h)
+                return True
+            self._make_room_locked()
             try:
                 self._store(h, entry)
             except OSError:
                 self.stats.failed_saves += 1
-                continue
-            with self._lock:
-                self._index[h] = None
-                self.stats.held_blocks += 1
-                self.stats.held_bytes += len(entry)
-                self.stats.saved_blocks += 1
-                self.stats.saved_bytes += self.block_bytes
+                return False
+            self._index[h] = None
+            self.stats.held_blocks += 1
+            self.stats.held_bytes += len(entry)
+            self.stats.saved_blocks += 1
+            self.stats.saved_bytes += self.block_bytes
+        return True
 
     def _make_room_locked(self) -> None:
         while self._index and self.stats.held_bytes + self.entry_bytes > self.capacity_bytes:

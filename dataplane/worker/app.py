@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from dataplane.scheduler.fairness import MAX_WEIGHT
-from dataplane.worker import adapters, embeddings, errors, usage_route
+from dataplane.worker import adapters, disaggregation, embeddings, errors, usage_route
 from dataplane.worker.drain import Draining
 from dataplane.worker.run import RequestContext
 from dataplane.worker.state import WorkerState
@@ -167,6 +167,8 @@ def create_app(state: WorkerState) -> Starlette:
         finally:
             if loading is not None and not loading.done():
                 loading.cancel()
+            if state.serving is not None and state.serving.prefill is not None:
+                await state.serving.prefill.close()
             if state.engine is not None:
                 state.engine.shutdown()
 
@@ -181,6 +183,9 @@ def create_app(state: WorkerState) -> Starlette:
         Route("/load_curve", load_curve, methods=["GET"]),  # step costs, for capacity planning
         *adapters.routes(state, authorize),  # LoRA adapters: load, unload, list
         *usage_route.routes(state.usage, authorize),  # a request's final token counts, for billing
+        # a prompt's KV blocks for a decode worker (disaggregated serving)
+        *disaggregation.prefill_routes(lambda: state.serving.engine if state.serving else None, authorize,
+                                       lambda: state.engine.max_model_len),
     ]
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
 

@@ -42,6 +42,13 @@ class WorkerConfig:
     # loaded back instead of recomputed; "0": none
     kv_offload_size: str = "0"
     kv_offload_dir: str | None = None
+    # disaggregated serving (dataplane/worker/disaggregation.py): prompts of at least prefill_min_tokens
+    # tokens are computed by this prefill worker (or these, comma-separated, in turn) and their KV blocks
+    # fetched into this worker's second tier (kv_offload_size must be set); any failure there falls back to
+    # computing the prompt here
+    prefill_url: str | None = None
+    prefill_min_tokens: int = 256
+    prefill_timeout: float = 30.0  # seconds for a prefill worker's answer (its prefill included)
     block_size: int = 16
     max_model_len: int | None = None
     max_num_seqs: int = 64
@@ -138,6 +145,14 @@ class WorkerConfig:
         parse_bytes(self.kv_cache_memory, name="kv_cache_memory")
         CacheConfig(kv_offload_size=self.kv_offload_size, kv_offload_dir=self.kv_offload_dir,
                     enable_prefix_caching=self.enable_prefix_caching)  # the engine's own checks, before loading
+        if self.prefill_url is not None:
+            urls = self.prefill_url.split(",")
+            if not all(u.startswith(("http://", "https://")) and len(u) > 8 and "\x00" not in u for u in urls):
+                raise ValueError(f"prefill_url: http(s) URLs of prefill workers, comma-separated; got {self.prefill_url!r}")
+            if self.kv_offload_size in ("0", "", 0):
+                raise ValueError("prefill_url: set kv_offload_size too (received blocks are kept in the second tier)")
+        if self.prefill_min_tokens < 1 or not self.prefill_timeout > 0:
+            raise ValueError("prefill_min_tokens: >= 1 and prefill_timeout: > 0 seconds")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype: must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_n", "default_max_tokens", "block_size",
@@ -267,7 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
              "background_priority": _optional_int, "background_step_ms": _optional_float,
              "speculative_ngram_tokens": int, "speculative_max_running": int,
              "threads": _optional_int, "tensor_parallel_size": int, "int4_dense_above": int, "usage_memory_entries": int, "usage_memory_seconds": float,
-             "grammar_compile_timeout": float, "max_embedding_inputs": int}
+             "grammar_compile_timeout": float, "max_embedding_inputs": int,
+             "prefill_min_tokens": int, "prefill_timeout": float}
     for f in fields(WorkerConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.type == "bool":

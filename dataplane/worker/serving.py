@@ -26,6 +26,7 @@ from dataplane.scheduler.scheduler import QueueFullError
 from dataplane.worker import errors
 from dataplane.worker.adapters import resolve_model
 from dataplane.worker.config import WorkerConfig
+from dataplane.worker.disaggregation import PrefillClient
 from dataplane.worker.metrics import WorkerMetrics
 from dataplane.worker.protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from dataplane.worker.render import Renderer, TokenText
@@ -49,6 +50,8 @@ class Serving:
                                                                  config.usage_memory_seconds)
         self.text = TokenText(engine.tokenizer)
         self.active: set[str] = set()  # engine request ids in use
+        # Disaggregated serving (disaggregation.py): long prompts' blocks are fetched from a prefill worker first
+        self.prefill: PrefillClient | None = None
         # tool_choice auto: the parser named by the setting, or the one the model's template implies
         model_template = getattr(getattr(engine.tokenizer, "hf", None), "chat_template", None)
         setting = config.tool_call_parser
@@ -146,6 +149,10 @@ class Serving:
 
         Each delta is counted into `usage` as it arrives from the engine, not as the client takes
         it: tokens still queued behind a slow client when it leaves were generated, and are billed."""
+        if self.prefill is not None:
+            wanted = [p for p in job.prompts if self.prefill.wants(p, job.adapter)]
+            if wanted:  # before any engine request exists: a client leaving meanwhile leaves nothing behind
+                await asyncio.gather(*(self.prefill.prepare(p, ctx.cache_salt, priority) for p in wanted))
         ids = [self._claim(ctx.request_id if len(job.prompts) == 1 else f"{ctx.request_id}-{i}")
                for i in range(len(job.prompts))]
         gens = [self.engine.generate(p, job.params, request_id=rid, priority=priority, cache_salt=ctx.cache_salt,

@@ -15,6 +15,7 @@ from dataplane.engine.async_llm import AsyncLLM
 from dataplane.engine.passing_thread import in_passing_thread
 from dataplane.worker import adapters
 from dataplane.worker.config import WorkerConfig
+from dataplane.worker.disaggregation import PrefillClient
 from dataplane.worker.drain import Drainer
 from dataplane.worker.metrics import WorkerMetrics
 from dataplane.worker.serving import Serving
@@ -44,6 +45,10 @@ class WorkerState:
     def attach(self, engine: AsyncLLM, freeze: bool = True) -> None:
         self.engine = engine
         self.serving = Serving(engine, self.config, self.metrics, self.usage)
+        c = self.config
+        if c.prefill_url:
+            self.serving.prefill = PrefillClient(engine, c.prefill_url.split(","), c.token, c.prefill_min_tokens,
+                                                 c.prefill_timeout, self.metrics)
         if not freeze:
             return
         # The model leaves ~200k long-lived objects; a full collection scanning them holds the GIL for
