@@ -40,6 +40,7 @@ from dataplane.worker.metrics import P, WorkerMetrics
 log = logging.getLogger(__name__)
 
 ROUTE = "/tessera/v1/kv/prefill"
+LAYOUT_ROUTE = "/tessera/v1/kv/layout"
 MEDIA_TYPE = "application/x-tessera-kv"
 OUTCOMES = ("ok", "partial", "failed")
 
@@ -77,7 +78,20 @@ def prefill_routes(get_engine: Callable[[], AsyncLLM | None], authorize: Callabl
         return StreamingResponse(encode(blocks, fingerprint, block_bytes), media_type=MEDIA_TYPE,
                                  headers={"X-Tessera-KV-Blocks": str(len(blocks))})
 
-    return [Route(ROUTE, prefill, methods=["POST"])]
+    async def layout(request: Request) -> Response:
+        """This worker's KV layout: two workers exchange blocks only when theirs are equal."""
+        try:
+            authorize(request)
+            engine = get_engine()
+            if engine is None:
+                raise errors.unavailable("The model is not loaded yet; retry shortly.", 1, "model_loading")
+        except errors.WorkerError as exc:
+            return exc.response()
+        fingerprint, block_bytes = engine.kv_layout()
+        return Response(orjson.dumps({"layout": fingerprint.hex(), "block_bytes": block_bytes}),
+                        media_type="application/json")
+
+    return [Route(ROUTE, prefill, methods=["POST"]), Route(LAYOUT_ROUTE, layout, methods=["GET"])]
 
 
 def _body(raw: bytes) -> dict:

@@ -139,5 +139,12 @@ def test_the_prefill_route_checks_its_caller_and_its_input():
             assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", body
         r = httpx.post(url, json={"token_ids": [1, 2, 3], "layout": "00" * 16}, headers=w.headers)
         assert r.status_code == 409 and r.json()["error"]["code"] == "layout_mismatch"
+        assert httpx.get(w.url + "/tessera/v1/kv/layout").status_code == 401
+        layout = httpx.get(w.url + "/tessera/v1/kv/layout", headers=w.headers).json()
+        assert layout["block_bytes"] == F32_BLOCK and len(bytes.fromhex(layout["layout"])) == 16
+        vocab = httpx.post(url, json={"token_ids": [1, 10**9], "layout": layout["layout"]}, headers=w.headers)
+        assert vocab.status_code == 400 and "token ids" in vocab.json()["error"]["message"]
+        ok = httpx.post(url, json={"token_ids": list(range(100, 140)), "layout": layout["layout"]}, headers=w.headers)
+        assert ok.status_code == 200 and ok.headers["x-tessera-kv-blocks"] == "2"  # 40 tokens: 2 full blocks
     finally:
         w.stop()
