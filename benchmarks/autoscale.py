@@ -3,7 +3,7 @@
 `python -m benchmarks.autoscale [--step-seconds 150] [--load-clients 6]`: PostgreSQL (a fresh
 database), Redis as the broker, the control plane (uvicorn, Celery worker + beat: the reconciler and
 its autoscaler), three managed SmolLM2 CPU workers (benchmarks/live_stack.py, what the live tests
-run). One deployment, min 1 / max 3 replicas, `max_num_seqs` 1 so that a few clients make a queue. A
+run). One deployment, min 1 / max 3 replicas, `--max-num-seqs` 1 (default) so that a few clients make a queue. A
 premium tenant streams chat completions one after another the whole time (its TTFT is what the
 autoscaler protects); a step of standard-tier load (closed-loop clients) starts after a quiet
 baseline and stops after `--step-seconds`; the run ends when the deployment is back at 1 replica.
@@ -156,6 +156,9 @@ def main() -> None:
                    help="seconds after the load to wait for 1 replica (the premium SLO's burn window holds it first)")
     p.add_argument("--worker-threads", type=int, default=1,
                    help="torch threads per worker (three workers share this host's cores)")
+    p.add_argument("--max-num-seqs", type=int, default=1,
+                   help="the deployment's seats per replica (1: a few clients make a queue; 2: the premium stream "
+                        "alone does not fill a replica, so the load's end can bring it back to 1)")
     p.add_argument("--hourly-cost", default="0.50", help="the CPU worker class's rate (USD per hour)")
     p.add_argument("--render", help="re-derive the table and charts from a saved autoscale.json")
     args = p.parse_args()
@@ -191,7 +194,7 @@ def main() -> None:
         assert api.post("/models/", json={"name": MODEL}).status_code == 201
         created = api.post("/deployments/", json={"model": MODEL, "replicas": 1, "min_replicas": 1,
                                                   "max_replicas": 3, "engine_args": {"kv_cache_memory": "128MiB",
-                                                                                     "max_num_seqs": 1}})
+                                                                                     "max_num_seqs": args.max_num_seqs}})
         assert created.status_code == 201, created.text
         from controlplane.deployments.models import Replica
 
@@ -251,7 +254,7 @@ def summarize(rec: Recorder, rows: list[dict], step_at: float, step_end: float, 
         return percentile([1000 * f for s, f in rec.premium if lo <= s < hi and f is not None], 95)
 
     return {"environment": environment(), "clocks": CLOCKS, "load_clients": args.load_clients,
-            "worker_threads": args.worker_threads,
+            "worker_threads": args.worker_threads, "max_num_seqs": args.max_num_seqs,
             "baseline_seconds": args.baseline_seconds, "step_seconds": args.step_seconds,
             "hourly_cost_usd": str(hourly), "premium_slo_ttft_ms": slo_ms,
             "grown_to_2_after_s": None if grown is None else grown - step_at, "peak_ready": peak,
@@ -324,7 +327,7 @@ def table(d: dict) -> str:
              f"(--load-clients {d['load_clients']}, step {d['step_seconds']:.0f} s). Control plane + 3 managed "
              "SmolLM2 CPU workers "
              f"({d.get('worker_threads', 'default')} torch thread each) on PostgreSQL and Redis; deployment min 1 / max 3, "
-             "max_num_seqs 1; shortened "
+             f"max_num_seqs {d.get('max_num_seqs', 1)}; shortened "
              "clocks (up cooldown 8 s, down 15 s); CPU worker class at "
              f"{d['hourly_cost_usd']} USD/h.\n",
              f"- grew to 2 ready replicas **{_s(d['grown_to_2_after_s'])}** after the load step (peak "
