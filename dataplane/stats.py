@@ -4,7 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dataplane.kv_cache.second_tier import TierStats
+
+@dataclass(slots=True)
+class TierStats:
+    """The prefix cache's second tier (kv_cache/second_tier.py)."""
+
+    held_blocks: int = 0  # blocks held now
+    held_bytes: int = 0  # their bytes (payload and header)
+    capacity_bytes: int = 0
+    saved_blocks: int = 0  # cumulative: blocks written (first-tier evictions kept, blocks received)
+    saved_bytes: int = 0
+    loaded_blocks: int = 0  # cumulative: blocks read back (second-tier hits, blocks exported)
+    loaded_bytes: int = 0
+    load_seconds: float = 0.0  # cumulative: reading and verifying them
+    failed_loads: int = 0  # cumulative: entries missing or corrupt at load (their tokens were recomputed)
+    failed_saves: int = 0  # cumulative: writes that failed (disk full, ...): the block is simply not kept
+    evicted_blocks: int = 0  # cumulative: entries dropped for the byte cap
 
 
 @dataclass(slots=True)

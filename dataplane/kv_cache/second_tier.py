@@ -23,28 +23,14 @@ import time
 import zlib
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from dataplane.stats import TierStats
 
 _MAGIC = b"TKV1"
 _HEADER = len(_MAGIC) + 4  # magic, then the payload's CRC-32 (little endian)
 _SUFFIX = ".kv"
-
-
-@dataclass(slots=True)
-class TierStats:
-    held_blocks: int = 0  # blocks held now
-    held_bytes: int = 0  # their bytes (payload and header)
-    capacity_bytes: int = 0
-    saved_blocks: int = 0  # cumulative: blocks written (first-tier evictions kept)
-    saved_bytes: int = 0
-    loaded_blocks: int = 0  # cumulative: blocks read back into the KV cache (second-tier hits)
-    loaded_bytes: int = 0
-    load_seconds: float = 0.0  # cumulative: reading and verifying them
-    failed_loads: int = 0  # cumulative: entries missing or corrupt at load (their tokens were recomputed)
-    failed_saves: int = 0  # cumulative: writes that failed (disk full, ...): the block is simply not kept
-    evicted_blocks: int = 0  # cumulative: entries dropped for the byte cap
 
 
 class SecondTier:

@@ -8,9 +8,18 @@ tier is one engine's, and its entries have that engine's block size in bytes).
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class BlockSink(Protocol):
+    """Where the runner sends evicted blocks' bytes (kv_cache/second_tier.SecondTier): `rows[i]` is the block
+    of hashes[i]; `ready` the event that marks the rows copied (None: now)."""
+
+    def save(self, hashes: list[bytes], rows: torch.Tensor, ready: torch.cuda.Event | None = None) -> None: ...
 
 
 def block_bytes(kv_caches: KVCaches) -> int:

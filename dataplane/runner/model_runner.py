@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dataplane.kv_cache.second_tier import SecondTier
 from dataplane.lora.runtime import LoRARuntime
 from dataplane.models.llama import LlamaModel
 from dataplane.runner.attention import AttentionMetadata, allocate_kv_cache, decode_groups, make_prefill_chunk
-from dataplane.runner.block_transfer import read_blocks, write_blocks
+from dataplane.runner.block_transfer import BlockSink, read_blocks, write_blocks
 from dataplane.runner.decode_graphs import DecodeGraphs
 from dataplane.runner.grammar_masks import GrammarMasks
 from dataplane.runner.input_batch import InputBatch
@@ -53,7 +52,7 @@ class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, seed: int = 0,
                  lora: LoRARuntime | None = None, structured: GrammarBackend | None = None,
                  max_num_seqs: int = 64, max_model_len: int | None = None, kv_cache_dtype: str = "auto",
-                 tier: SecondTier | None = None) -> None:
+                 tier: BlockSink | None = None) -> None:
         self.model = model
         self.tier = tier  # the prefix cache's second tier: the step's saves and loads move bytes to and from it
         self.lora = lora  # device slots and per-step adapter metadata, when LoRA is enabled
