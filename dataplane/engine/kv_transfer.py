@@ -46,8 +46,9 @@ def held_blocks(core: EngineCore, token_ids: list[int], cache_salt: str | None) 
 
 
 def export_prefix(core: EngineCore, token_ids: list[int], cache_salt: str | None, skip: int = 0
-                  ) -> list[tuple[bytes, bytes]]:
-    """(hash, bytes) of the prompt's cached blocks after the first `skip`, as long as the chain is held."""
+                  ) -> list[tuple[bytes, bytes | memoryview]]:
+    """(hash, bytes) of the prompt's cached blocks after the first `skip`, as long as the chain is held: a
+    copy of them, taken now (views of one host buffer; the blocks may change owner once this returns)."""
     kv = core.scheduler.kv
     hashes = _chain(core, token_ids, cache_salt)[skip:]
     ids = []
@@ -61,7 +62,8 @@ def export_prefix(core: EngineCore, token_ids: list[int], cache_salt: str | None
         rows, ready = read_blocks(core.runner.kv_caches, ids)
         if ready is not None:
             ready.synchronize()
-        out = [(h, rows[i].numpy().tobytes()) for i, h in enumerate(hashes[: len(ids)])]
+        host = rows.numpy()  # on the CPU read_blocks' gather is already a copy; on a GPU, pinned host memory
+        out = [(h, memoryview(host[i])) for i, h in enumerate(hashes[: len(ids)])]
     if kv.tier is not None and len(out) < len(hashes):
         out += list(zip(hashes[len(out):], kv.tier.load(hashes[len(out):]), strict=False))
     return out

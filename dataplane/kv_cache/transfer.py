@@ -28,13 +28,20 @@ def layout_fingerprint(*parts: object) -> bytes:
     return hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:16]
 
 
+def encoded_size(num_blocks: int, block_bytes: int) -> int:
+    """The stream's length in bytes (sent as Content-Length: no chunked framing to parse on either side)."""
+    return _HEADER.size + num_blocks * (_BLOCK.size + block_bytes)
+
+
 def encode(blocks: list[tuple[bytes, bytes]], layout: bytes, block_bytes: int) -> Iterator[bytes]:
-    """The stream for `blocks` [(hash, payload)], in chunks of about one block."""
+    """The stream for `blocks` [(hash, payload)]: each block's frame header, then its payload as given (no
+    copy; any buffer)."""
     yield _HEADER.pack(MAGIC, VERSION, layout, block_bytes, len(blocks))
     for h, payload in blocks:
         if len(h) != 32 or len(payload) != block_bytes:
             raise ValueError("a KV block must have a 32-byte hash and block_bytes of payload")
-        yield _BLOCK.pack(h, zlib.crc32(payload)) + payload
+        yield _BLOCK.pack(h, zlib.crc32(payload))
+        yield payload
 
 
 class Decoder:
@@ -65,7 +72,8 @@ class Decoder:
             if len(self.blocks) >= self.expected:
                 raise ValueError("KV block stream longer than announced")
             h, crc = _BLOCK.unpack_from(self._buf)
-            payload = bytes(self._buf[_BLOCK.size:step])
+            with memoryview(self._buf) as view:  # released before the buffer is trimmed below
+                payload = bytes(view[_BLOCK.size:step])
             if zlib.crc32(payload) != crc:
                 raise ValueError(f"KV block {len(self.blocks)} failed its checksum")
             self.blocks.append((h, payload))

@@ -32,7 +32,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from dataplane.engine.async_llm import AsyncLLM
-from dataplane.kv_cache.transfer import Decoder, encode
+from dataplane.kv_cache.transfer import Decoder, encode, encoded_size
 from dataplane.sampling_params import SamplingParams
 from dataplane.worker import errors
 from dataplane.worker.metrics import P, WorkerMetrics
@@ -76,7 +76,8 @@ def prefill_routes(get_engine: Callable[[], AsyncLLM | None], authorize: Callabl
         except errors.WorkerError as exc:
             return exc.response()
         return StreamingResponse(encode(blocks, fingerprint, block_bytes), media_type=MEDIA_TYPE,
-                                 headers={"X-Tessera-KV-Blocks": str(len(blocks))})
+                                 headers={"X-Tessera-KV-Blocks": str(len(blocks)),
+                                          "Content-Length": str(encoded_size(len(blocks), block_bytes))})
 
     async def layout(request: Request) -> Response:
         """This worker's KV layout: two workers exchange blocks only when theirs are equal."""
@@ -158,7 +159,7 @@ class PrefillClient:
                                                    "X-Priority": str(priority)}) as r:
                 if r.status_code != 200:
                     raise ValueError(f"prefill worker answered {r.status_code}: {(await r.aread())[:200]!r}")
-                async for chunk in r.aiter_bytes():
+                async for chunk in r.aiter_raw():
                     decoder.feed(chunk)
             decoder.finish()
             outcome = "ok"
