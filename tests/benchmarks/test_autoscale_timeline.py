@@ -41,7 +41,7 @@ def test_the_summary_times_growth_shrink_and_recovery():
     rows = timeline(rec, step_at=30.0, step_end=90.0, slo_ms=1000)
     d = summarize(rec, rows, 30.0, 90.0, 1000, [{"at": 15, "from": 1, "to": 2, "reason": "queue"},
                                                 {"at": 80, "from": 2, "to": 1, "reason": "low"}],
-                  Namespace(load_clients=6, baseline_seconds=30, step_seconds=60, worker_threads=1), Decimal("0.60"))
+                  Namespace(load_clients=6, baseline_seconds=30, step_seconds=60, worker_threads=1, max_num_seqs=2), Decimal("0.60"))
     assert d["grown_to_2_after_s"] == 22 and d["back_to_1_after_s"] == 25 and d["peak_ready"] == 2
     assert d["premium_within_slo_after_s"] == 30  # the 60-69 s window is the first of the good ones
     p = d["premium_ttft_p95_ms"]
