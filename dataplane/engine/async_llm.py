@@ -121,8 +121,9 @@ class AsyncLLM:
                                                       priority=priority, cache_salt=cache_salt, adapter=adapter)
         assign_tenant(children, tenant, tenant_weight)  # fair sharing within the priority (scheduler/fairness.py)
         limit = self.core.scheduler.config.max_waiting
-        if limit is not None and len(self.core.scheduler.waiting) + len(children) > limit:
-            raise QueueFullError(f"{len(self.core.scheduler.waiting)} requests are waiting (limit {limit})")
+        waiting = self.core.scheduler.num_waiting
+        if limit is not None and waiting + len(children) > limit:
+            raise QueueFullError(f"{waiting} requests are waiting (limit {limit})")
         if rid in self._streams:
             raise ValueError(f"request_id: {rid!r} is already running")
         loop = asyncio.get_running_loop()

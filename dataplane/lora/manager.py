@@ -88,7 +88,7 @@ class LoRAManager:
         self.registry.touch(key)
 
     def in_use(self, key: str) -> bool:
-        return any(r.adapter == key for r in self.scheduler.requests.values())
+        return self.scheduler.adapter_in_use(key)
 
     def list(self) -> list[AdapterInfo]:
         slots = self.runtime.slots
@@ -96,8 +96,8 @@ class LoRAManager:
                             a.key in slots.index) for a in self.registry.adapters()]
 
     def stats(self) -> LoRAStats:
-        running = Counter(adapter_name(r.adapter) for r in self.scheduler.running if r.adapter is not None)
-        waiting = Counter(adapter_name(r.adapter) for r in self.scheduler.waiting if r.adapter is not None)
+        running_keys, waiting_keys = self.scheduler.adapters_by_queue()
+        running, waiting = Counter(map(adapter_name, running_keys)), Counter(map(adapter_name, waiting_keys))
         slots = self.runtime.slots
         return LoRAStats(self.config.max_loras, self.registry.names(), dict(running), dict(waiting),
                          slots.num_loads, slots.num_evictions)

@@ -117,6 +117,21 @@ class Scheduler:
             done.append(req)
         return done
 
+    # -- what others may ask (the queues are the scheduler's alone; callers on other threads read a length or
+    # a count, a racy read that is fine for a threshold or a report) ---------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def adapter_in_use(self, key: str) -> bool:
+        """A request of this adapter key is queued or running."""
+        return any(r.adapter == key for r in list(self.requests.values()))
+
+    def adapters_by_queue(self) -> tuple[list[str], list[str]]:
+        """The adapter keys of running and of waiting requests (one entry per request)."""
+        return ([r.adapter for r in list(self.running) if r.adapter is not None],
+                [r.adapter for r in list(self.waiting) if r.adapter is not None])
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 

@@ -173,7 +173,7 @@ class Serving:
         limit = self.config.waiting_limit(priority)
         if limit is None:
             return
-        waiting = len(self.engine.core.scheduler.waiting)  # a racy read is fine for a threshold
+        waiting = self.engine.core.scheduler.num_waiting  # a racy read is fine for a threshold
         if waiting >= limit:
             raise errors.WorkerError(
                 f"{waiting} requests are waiting (limit {limit} for priority {priority}); lower priorities are "
