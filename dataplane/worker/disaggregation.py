@@ -49,12 +49,16 @@ def prefill_routes(get_engine: Callable[[], AsyncLLM | None], authorize: Callabl
                    max_model_len: Callable[[], int]) -> list[Route]:
     """The prefill side: compute a prompt, answer with its blocks."""
 
+    def ready(request: Request) -> AsyncLLM:
+        authorize(request)
+        engine = get_engine()
+        if engine is None:
+            raise errors.unavailable("The model is not loaded yet; retry shortly.", 1, "model_loading")
+        return engine
+
     async def prefill(request: Request) -> Response:
         try:
-            authorize(request)
-            engine = get_engine()
-            if engine is None:
-                raise errors.unavailable("The model is not loaded yet; retry shortly.", 1, "model_loading")
+            engine = ready(request)
             body = _body(await request.body())
             fingerprint, block_bytes = engine.kv_layout()
             if body["layout"] != fingerprint.hex():
@@ -82,10 +86,7 @@ def prefill_routes(get_engine: Callable[[], AsyncLLM | None], authorize: Callabl
     async def layout(request: Request) -> Response:
         """This worker's KV layout: two workers exchange blocks only when theirs are equal."""
         try:
-            authorize(request)
-            engine = get_engine()
-            if engine is None:
-                raise errors.unavailable("The model is not loaded yet; retry shortly.", 1, "model_loading")
+            engine = ready(request)
         except errors.WorkerError as exc:
             return exc.response()
         fingerprint, block_bytes = engine.kv_layout()

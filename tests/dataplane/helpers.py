@@ -36,15 +36,20 @@ def make_request(rid: str, prompt_len: int = 10, max_tokens: int = 4, priority: 
     return req
 
 
-def run_step(sched: Scheduler, token: int = 7) -> tuple[SchedulerOutput, list]:
-    """One engine step where every request that reaches the end of its known tokens samples `token`."""
-    out = sched.schedule()
+def sampled(sched: Scheduler, out: SchedulerOutput, token: int = 7) -> ModelRunnerOutput:
+    """The runner's output for `out`: every request that reaches the end of its known tokens samples `token`."""
     result = ModelRunnerOutput()
     for rid, n in out.num_scheduled_tokens.items():
         req = sched.requests[rid]
         if req.num_computed_tokens + n == req.num_tokens:
             result.sampled_token_ids[rid] = [token]
-    return out, sched.update(out, result)
+    return result
+
+
+def run_step(sched: Scheduler, token: int = 7) -> tuple[SchedulerOutput, list]:
+    """One engine step where every request that reaches the end of its known tokens samples `token`."""
+    out = sched.schedule()
+    return out, sched.update(out, sampled(sched, out, token))
 
 
 def assert_no_leaks(sched: Scheduler) -> None:

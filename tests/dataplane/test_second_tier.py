@@ -12,9 +12,9 @@ import torch
 from dataplane.config import CacheConfig, SchedulerConfig
 from dataplane.kv_cache.manager import KVCacheManager
 from dataplane.kv_cache.second_tier import SecondTier
-from dataplane.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from dataplane.scheduler.output import SchedulerOutput
 from dataplane.scheduler.scheduler import Scheduler
-from tests.dataplane.helpers import FakeClock, assert_no_leaks, make_request
+from tests.dataplane.helpers import FakeClock, assert_no_leaks, make_request, sampled
 
 BLOCK_BYTES = 64
 
@@ -144,12 +144,7 @@ def step(sched: Scheduler, tier: SecondTier, loaded: dict[int, bytes]) -> Schedu
         tier.save([h for _, h in out.kv_saves], rows([h for _, h in out.kv_saves]))
         tier.flush()
     loaded.update(out.kv_loads)
-    result = ModelRunnerOutput()
-    for rid, n in out.num_scheduled_tokens.items():
-        req = sched.requests[rid]
-        if req.num_computed_tokens + n == req.num_tokens:
-            result.sampled_token_ids[rid] = [7]
-    sched.update(out, result)
+    sched.update(out, sampled(sched, out))
     return out
 
 
