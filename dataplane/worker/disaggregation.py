@@ -69,7 +69,10 @@ def prefill_routes(get_engine: Callable[[], AsyncLLM | None], authorize: Callabl
                 raise errors.invalid(f"token_ids: {len(ids)} tokens, more than this worker's context of "
                                      f"{max_model_len()}", "token_ids")
             params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-            priority = int(request.headers.get("x-priority") or 0)
+            try:
+                priority = int(request.headers.get("x-priority") or 0)
+            except ValueError:
+                raise errors.invalid("X-Priority: an integer", None) from None
             try:
                 async for _ in engine.generate(ids, params, request_id=f"prefill-{uuid.uuid4().hex}",
                                                priority=priority, cache_salt=body["cache_salt"]):

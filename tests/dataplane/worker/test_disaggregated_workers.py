@@ -142,6 +142,9 @@ def test_the_prefill_route_checks_its_caller_and_its_input():
         assert httpx.get(w.url + "/tessera/v1/kv/layout").status_code == 401
         layout = httpx.get(w.url + "/tessera/v1/kv/layout", headers=w.headers).json()
         assert layout["block_bytes"] == F32_BLOCK and len(bytes.fromhex(layout["layout"])) == 16
+        r = httpx.post(url, json={"token_ids": [1, 2], "layout": layout["layout"]},
+                       headers={**w.headers, "X-Priority": "high"})
+        assert r.status_code == 400 and "X-Priority" in r.json()["error"]["message"]
         vocab = httpx.post(url, json={"token_ids": [1, 10**9], "layout": layout["layout"]}, headers=w.headers)
         assert vocab.status_code == 400 and "token ids" in vocab.json()["error"]["message"]
         ok = httpx.post(url, json={"token_ids": list(range(100, 140)), "layout": layout["layout"]}, headers=w.headers)
