@@ -185,8 +185,8 @@ class AsyncLLM:
     def kv_layout(self) -> tuple[bytes, int]:
         return kv_transfer.layout(self.core)  # fixed at construction: no need for the engine thread
 
-    async def held_blocks(self, token_ids: list[int], cache_salt: str | None) -> int:
-        return await self._call(lambda: kv_transfer.held_blocks(self.core, token_ids, cache_salt))
+    async def wanted_blocks(self, token_ids: list[int], cache_salt: str | None) -> tuple[int, list[bytes]]:
+        return await self._call(lambda: kv_transfer.wanted_blocks(self.core, token_ids, cache_salt))
 
     async def export_prefix(self, token_ids: list[int], cache_salt: str | None, skip: int = 0
                             ) -> list[tuple[bytes, bytes]]:

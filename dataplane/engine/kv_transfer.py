@@ -34,15 +34,17 @@ def _chain(core: EngineCore, token_ids: list[int], cache_salt: str | None) -> li
     return prefix_hashes(token_ids, bs, None, cache_salt)[: (len(token_ids) - 1) // bs]
 
 
-def held_blocks(core: EngineCore, token_ids: list[int], cache_salt: str | None) -> int:
-    """Leading blocks of the prompt this engine already holds (either tier): the sender skips them."""
+def wanted_blocks(core: EngineCore, token_ids: list[int], cache_salt: str | None) -> tuple[int, list[bytes]]:
+    """(leading blocks of the prompt this engine already holds in either tier, the hashes of the rest): the
+    sender skips the first and must send exactly the second, in order."""
     kv = core.scheduler.kv
+    chain = _chain(core, token_ids, cache_salt)
     n = 0
-    for h in _chain(core, token_ids, cache_salt):
+    for h in chain:
         if kv.pool.lookup(h) is None and (kv.tier is None or h not in kv.tier):
             break
         n += 1
-    return n
+    return n, chain[n:]
 
 
 def export_prefix(core: EngineCore, token_ids: list[int], cache_salt: str | None, skip: int = 0

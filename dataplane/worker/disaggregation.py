@@ -99,6 +99,23 @@ def prefill_routes(get_engine: Callable[[], AsyncLLM | None], authorize: Callabl
     return [Route(ROUTE, prefill, methods=["POST"]), Route(LAYOUT_ROUTE, layout, methods=["GET"])]
 
 
+def _chain_run(blocks: list[tuple[bytes, bytes]], expected: list[bytes]) -> int:
+    """How many leading blocks are the prompt's chain past what the decode worker holds, in order."""
+    n = 0
+    for (h, _), want in zip(blocks, expected, strict=False):
+        if h != want:
+            break
+        n += 1
+    return n
+
+
+def _check_chain(blocks: list[tuple[bytes, bytes]], expected: list[bytes]) -> None:
+    if len(blocks) > len(expected):
+        raise ValueError(f"the prefill worker sent more blocks than the prompt's {len(expected)}")
+    if _chain_run(blocks, expected) < len(blocks):
+        raise ValueError(f"block {_chain_run(blocks, expected)} is not the prompt's (another hash)")
+
+
 def _body(raw: bytes) -> dict:
     try:
         body = orjson.loads(raw)
@@ -155,25 +172,33 @@ class PrefillClient:
         decoder = Decoder(self.fingerprint, self.block_bytes)
         outcome = "failed"
         try:
-            skip = await self.engine.held_blocks(token_ids, cache_salt)
-            body = {"token_ids": token_ids, "cache_salt": cache_salt, "skip_blocks": skip,
-                    "layout": self.fingerprint.hex()}
-            async with self.client.stream("POST", next(self.urls) + ROUTE, content=orjson.dumps(body),
-                                          headers={**self.headers, "Content-Type": "application/json",
-                                                   "X-Priority": str(priority)}) as r:
-                if r.status_code != 200:
-                    raise ValueError(f"prefill worker answered {r.status_code}: {(await r.aread())[:200]!r}")
-                async for chunk in r.aiter_raw():
-                    decoder.feed(chunk)
-            decoder.finish()
-            outcome = "ok"
+            skip, expected = await self.engine.wanted_blocks(token_ids, cache_salt)
+            if not expected:
+                outcome = "ok"  # every block is here already: nothing to ask for
+            else:
+                body = {"token_ids": token_ids, "cache_salt": cache_salt, "skip_blocks": skip,
+                        "layout": self.fingerprint.hex()}
+                async with self.client.stream("POST", next(self.urls) + ROUTE, content=orjson.dumps(body),
+                                              headers={**self.headers, "Content-Type": "application/json",
+                                                       "X-Priority": str(priority)}) as r:
+                    if r.status_code != 200:
+                        raise ValueError(f"prefill worker answered {r.status_code}: {(await r.aread())[:200]!r}")
+                    async for chunk in r.aiter_raw():
+                        decoder.feed(chunk)
+                        _check_chain(decoder.blocks, expected)
+                decoder.finish()
+                outcome = "ok"
         except (httpx.HTTPError, ValueError, OSError) as exc:
-            outcome = "partial" if decoder.blocks else "failed"
             log.warning("prefill worker: %s; computing the prompt here (%d blocks arrived)", exc, len(decoder.blocks))
         except asyncio.CancelledError:
             raise  # the client left: nothing to keep waiting for
-        if decoder.blocks:
-            kept = await self.engine.import_blocks(decoder.blocks)
+        # Only the prompt's own chain, in order, from its start: a block under any other hash (a stale or
+        # broken sender) would sit in the tier for a prompt nobody asked about.
+        good = decoder.blocks[: _chain_run(decoder.blocks, expected)]
+        if outcome != "ok":
+            outcome = "partial" if good else "failed"
+        if good:
+            kept = await self.engine.import_blocks(good)
             self.blocks.inc(kept)
             self.bytes.inc(kept * self.block_bytes)
         self.seconds.inc(time.monotonic() - t0)

@@ -86,7 +86,8 @@ def test_decode_worker_answers_as_a_unified_worker_and_survives_its_prefill_work
 
 
 class _DiesMidStream(http.server.BaseHTTPRequestHandler):
-    """A prefill worker that sends a valid header and one block, then dies inside the second."""
+    """A prefill worker that sends a valid header and one block (under a hash that is not the prompt's),
+    then dies inside the second."""
 
     def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
         body = self.rfile.read(int(self.headers["Content-Length"]))
@@ -116,9 +117,10 @@ def test_a_prefill_worker_dying_mid_stream_costs_a_recompute():
         decode.wait_ready()
         for p in PROMPTS[:2]:
             same(complete(decode, p), complete(unified, p))
-        assert outcomes(decode) == {"ok": 0, "partial": 2, "failed": 0}
-        # the one block that came whole was kept (a hash no prompt has: never used)
-        assert decode.metrics()["tessera:disagg_blocks_received_total"] == 2
+        # the one block that came whole has a hash that is not the prompt's: refused, not kept
+        assert outcomes(decode) == {"ok": 0, "partial": 0, "failed": 2}
+        assert decode.metrics()["tessera:disagg_blocks_received_total"] == 0
+        assert decode.metrics()["tessera:kv_offload_blocks"] == 0
     finally:
         server.shutdown()
         unified.stop()
