@@ -190,6 +190,8 @@ class DeploymentForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         if "min_replicas" in self.fields:
             self.fields["min_replicas"].required = False  # blank: 1, the model's default
+        if "prefill_replicas" in self.fields:
+            self.fields["prefill_replicas"].required = False  # blank: 0, none
 
     def clean(self):
         data = super().clean()
@@ -199,6 +201,11 @@ class DeploymentForm(forms.ModelForm):
                                         f"(it has {', '.join(model.quantizations)}).")
         if data.get("min_replicas") is None:
             data["min_replicas"] = 1
+        if data.get("prefill_replicas") is None:
+            data["prefill_replicas"] = 0
+        if data["prefill_replicas"] and (data.get("engine_args") or {}).get("kv_offload_size", 0) in (0, "0"):
+            self.add_error("prefill_replicas", "Prefill replicas send their blocks to the serving replicas' second "
+                                               "tier: set engine_args.kv_offload_size (e.g. \"4GiB\") too.")
         high = data.get("max_replicas")
         if high is not None and (high < 1 or high < data["min_replicas"]):
             self.add_error("max_replicas", f"At least 1 and at least min_replicas ({data['min_replicas']}); "
@@ -246,12 +253,14 @@ class DeploymentAdmin(AuditedAdminMixin, admin.ModelAdmin):
         if change:
             services.deployment_update(deployment=obj, replicas=obj.desired_replicas, placement=obj.placement,
                                        engine_args=obj.engine_args, max_adapters=obj.max_adapters,
-                                       min_replicas=obj.min_replicas, max_replicas=obj.max_replicas)
+                                       min_replicas=obj.min_replicas, max_replicas=obj.max_replicas,
+                                       prefill_replicas=obj.prefill_replicas)
             return
         created = services.deployment_create(
             model=obj.model, replicas=obj.desired_replicas, quantization=obj.quantization, name=obj.name,
             served_name=obj.served_name or None, placement=obj.placement, engine_args=obj.engine_args,
-            max_adapters=obj.max_adapters, min_replicas=obj.min_replicas, max_replicas=obj.max_replicas)
+            max_adapters=obj.max_adapters, min_replicas=obj.min_replicas, max_replicas=obj.max_replicas,
+            prefill_replicas=obj.prefill_replicas)
         obj.pk, obj._state.adding = created.pk, False
 
     @admin.action(description="Retry the failed replicas", permissions=["retry"])

@@ -175,6 +175,12 @@ class Deployment(models.Model):
     engine_args = models.JSONField(default=dict, blank=True, help_text='Engine settings, e.g. {"kv_cache_memory": '
                                    '"8GiB", "max_num_seqs": 128, "dtype": "bfloat16"}.')
     max_adapters = models.PositiveSmallIntegerField(default=0, help_text="LoRA slots per replica; 0: base model only.")
+    # Disaggregated serving (docs/kv_cache.md, part 3): this many replicas compute long prompts only; the
+    # others (desired_replicas, autoscaled as usual) fetch those prompts' KV blocks from them. The gateway
+    # routes clients to the serving replicas alone and names a ready prefill replica with each request.
+    prefill_replicas = models.PositiveSmallIntegerField(
+        default=0, help_text="Replicas that compute long prompts for the others (disaggregated prefill); 0: none. "
+                             "Needs engine_args.kv_offload_size.")
     deleting = models.BooleanField(default=False, help_text="Removed once its replicas have stopped.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -199,6 +205,11 @@ class Deployment(models.Model):
         return ENGINE_QUANTIZATION[Quantization(self.quantization)]
 
 
+class ReplicaRole(models.TextChoices):
+    SERVE = "serve"  # answers clients (unified, or decode when the deployment has prefill replicas)
+    PREFILL = "prefill"  # computes prompts for the serving replicas; never routed to by the gateway
+
+
 class ReplicaStatus(models.TextChoices):
     PENDING = "pending"  # wanted; waiting for a worker
     LOADING = "loading"  # load_model sent to its worker (attempt N)
@@ -215,6 +226,7 @@ class Replica(models.Model):
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="replicas")
     worker = models.ForeignKey(Worker, on_delete=models.SET_NULL, null=True, blank=True, related_name="replicas")
     status = models.CharField(max_length=16, choices=ReplicaStatus.choices, default=ReplicaStatus.PENDING)
+    role = models.CharField(max_length=8, choices=ReplicaRole.choices, default=ReplicaRole.SERVE)
     reason = models.TextField(blank=True)
     # Incremented on every dispatch; messages and reports carry it, so stale ones are recognised.
     attempt = models.PositiveIntegerField(default=0)

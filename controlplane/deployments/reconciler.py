@@ -50,6 +50,7 @@ from .models import (
     PlacementStatus,
     ReconcilerState,
     Replica,
+    ReplicaRole,
     ReplicaStatus,
     Worker,
     WorkerStatus,
@@ -178,10 +179,25 @@ def _reconcile_deployment(deployment: Deployment, free: list[Worker], now: dt.da
         elif replica.status == ReplicaStatus.STOPPING:
             _check_stopping(replica, now)
     replicas = [r for r in replicas if r.pk is not None]
+    serving = [r for r in replicas if r.role == ReplicaRole.SERVE]
     if deployment.autoscaled and not deployment.deleting:
-        autoscale.deployment_autoscale(deployment=deployment, now=now, replicas=replicas)
+        autoscale.deployment_autoscale(deployment=deployment, now=now, replicas=serving)
         desired = deployment.desired_replicas
     drains = deployment.autoscaled and not deployment.deleting  # autoscaled removals drain first (drain.py)
+    _converge(deployment, serving, desired, drains, ReplicaRole.SERVE, free, now, result)
+    # Prefill replicas (disaggregated serving): a fixed count, not autoscaled; removed without a drain (a
+    # serving replica whose prefill worker goes computes the prompt itself)
+    prefilling = [r for r in replicas if r.role == ReplicaRole.PREFILL]
+    _converge(deployment, prefilling, 0 if deployment.deleting else deployment.prefill_replicas, False,
+              ReplicaRole.PREFILL, free, now, result)
+    if deployment.deleting and not deployment.replicas.exists():
+        log.info("deployment removed", extra={"deployment": deployment.name})
+        deployment.delete()
+
+
+def _converge(deployment: Deployment, replicas: list[Replica], desired: int, drains: bool, role: str,
+              free: list[Worker], now: dt.datetime, result: ReconcileResult) -> None:
+    """Bring one role's replicas to `desired`: create or stop (draining first when `drains`), then place."""
     live = [r for r in replicas if r.status != ReplicaStatus.STOPPING]
     leaving = [r for r in live if _leaving(r)]
     draining = [r for r in live if not _leaving(r) and r.drain_started_at is not None]
@@ -192,7 +208,7 @@ def _reconcile_deployment(deployment: Deployment, free: list[Worker], now: dt.da
             draining.remove(replica)
             staying.append(replica)
         for _ in range(desired - len(staying)):
-            staying.append(Replica.objects.create(deployment=deployment, reason="waiting for a worker"))
+            staying.append(Replica.objects.create(deployment=deployment, role=role, reason="waiting for a worker"))
             result.created += 1
     elif len(staying) > desired:
         extras = sorted(staying, key=lambda r: (REMOVAL_ORDER[ReplicaStatus(r.status)], -r.pk))[:len(staying) - desired]
@@ -212,9 +228,6 @@ def _reconcile_deployment(deployment: Deployment, free: list[Worker], now: dt.da
     for replica in staying:
         if replica.status == ReplicaStatus.PENDING:
             _place(replica, deployment, free, now, result)
-    if deployment.deleting and not deployment.replicas.exists():
-        log.info("deployment removed", extra={"deployment": deployment.name})
-        deployment.delete()
 
 
 def devices_needed(deployment: Deployment) -> int:

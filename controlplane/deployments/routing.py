@@ -78,14 +78,18 @@ class DeploymentRegistry(Registry):
         current = {w.url: w for w in self.workers}
         grouped: dict[str, dict[str, ModelTarget]] = {}
         load: dict[str, tuple[int, int]] = {}
+        prefill: dict[str, dict[str, str]] = {}
         for route in routes:
             grouped.setdefault(route.url, {})[route.name] = OwnedModelTarget(
                 route.name, route.base, route.adapter, route.owner_tenant_id)
             load[route.url] = (route.waiting, route.seats)
+            if route.prefill_url:
+                prefill.setdefault(route.url, {})[route.name] = route.prefill_url
         workers: list[Worker] = []
         for url, models in grouped.items():
             worker = current.get(url) or RoutedWorker(url)
             worker.models = models
+            worker.prefill = prefill.get(url, {})  # model -> the prefill worker named with its requests
             if hasattr(worker, "waiting"):  # load figures for admission.py's shedding
                 worker.waiting, worker.seats = load[url]
             worker.ready = now >= getattr(worker, "down_until", 0.0)

@@ -18,6 +18,7 @@ from .models import (
     Model,
     PlacementStatus,
     Replica,
+    ReplicaRole,
     ReplicaStatus,
     Worker,
     WorkerStatus,
@@ -121,6 +122,9 @@ class Route:
     owner_tenant_id: int | None  # adapters: only this tenant may see or use it
     waiting: int = 0  # the worker's engine waiting queue at its last heartbeat
     seats: int = 0  # the engine's max_num_seqs (0: unknown)
+    # disaggregated serving: a ready prefill replica of the same deployment, named to the worker with each
+    # request (X-Tessera-Prefill-Url); None: the worker computes its prompts itself
+    prefill_url: str | None = None
 
 
 def routing_table(*, now: dt.datetime | None = None) -> list[Route]:
@@ -134,10 +138,23 @@ def routing_table(*, now: dt.datetime | None = None) -> list[Route]:
     routes: list[Route] = []
     by_id = {}
     load = {}
+    replicas = list(replicas)
+    prefill: dict[int, list[str]] = {}  # deployment -> its ready prefill replicas' workers, never routed to
     for replica in replicas:
+        if replica.role == ReplicaRole.PREFILL:
+            prefill.setdefault(replica.deployment_id, []).append(replica.worker.url.rstrip("/"))
+    turn: dict[int, int] = {}
+    for replica in replicas:
+        if replica.role == ReplicaRole.PREFILL:
+            continue
         worker, name = replica.worker, replica.deployment.served_name
         load[replica.pk] = (worker.num_waiting, int((worker.stats or {}).get("max_num_seqs") or 0))
-        routes.append(Route(worker.url.rstrip("/"), name, name, None, None, *load[replica.pk]))
+        urls = prefill.get(replica.deployment_id)
+        prefill_url = None
+        if urls:  # the serving replicas share the prefill ones out in turn
+            i = turn.get(replica.deployment_id, 0)
+            prefill_url, turn[replica.deployment_id] = urls[i % len(urls)], i + 1
+        routes.append(Route(worker.url.rstrip("/"), name, name, None, None, *load[replica.pk], prefill_url))
         by_id[replica.pk] = replica
     placements = (AdapterPlacement.objects.filter(status=PlacementStatus.READY, replica_id__in=list(by_id))
                   .select_related("adapter"))

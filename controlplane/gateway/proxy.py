@@ -249,6 +249,11 @@ async def open_upstream(
         if worker is None:
             break
         tried.add(worker.url)
+        prefill_url = worker.prefill.get(parsed.model)
+        if prefill_url:
+            headers["X-Tessera-Prefill-Url"] = prefill_url
+        else:
+            headers.pop("X-Tessera-Prefill-Url", None)
         await _journal(meter, parsed, worker.url)
         if timing is not None and not tried - {worker.url}:
             timing.mark("journal")

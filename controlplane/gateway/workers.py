@@ -58,6 +58,9 @@ class Worker:
     waiting: int = 0  # the engine's waiting queue at the last poll (/ready's body)
     seats: int = 0  # the engine's max_num_seqs (0 = unknown); in-flight beyond it are queued
     running: int = 0  # the engine's running requests at the last poll (the batch runner's admission)
+    # disaggregated serving: model -> the prefill worker this worker fetches long prompts' KV blocks from,
+    # sent with each request (X-Tessera-Prefill-Url); the routing table sets it (deployments/selectors.py)
+    prefill: dict[str, str] = field(default_factory=dict)
 
     def mark_failed(self) -> None:
         self.ready = False

@@ -182,6 +182,10 @@ class AsyncLLM:
         return await self._call(lambda: measure_load_curve(self.core))
 
     # -- KV blocks by prefix, for prefill/decode disaggregation (engine/kv_transfer.py) -----------
+    @property
+    def has_second_tier(self) -> bool:
+        return self.core.scheduler.kv.tier is not None
+
     def kv_layout(self) -> tuple[bytes, int]:
         return kv_transfer.layout(self.core)  # fixed at construction: no need for the engine thread
 

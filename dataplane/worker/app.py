@@ -81,7 +81,8 @@ def create_app(state: WorkerState) -> Starlette:
             ctx = RequestContext(rid, request.headers.get("x-tenant-id"), _header_int(request, "x-priority"),
                                  request.headers.get("x-cache-salt") or None, request.receive, started,
                                  accounting=request.headers.get("x-tessera-accounting") == "1",
-                                 tenant_weight=_tenant_weight(request))
+                                 tenant_weight=_tenant_weight(request),
+                                 prefill_url=request.headers.get("x-tessera-prefill-url") or None)
             response = await (embeddings.run(serving, job, ctx) if kind == "embeddings" else serving.run(job, ctx))
         except Draining:
             response = errors.unavailable("This worker is draining; send the request elsewhere.",

@@ -144,7 +144,7 @@ class PrefillClient:
     def __init__(self, engine: AsyncLLM, urls: list[str], token: str, min_tokens: int, timeout: float,
                  metrics: WorkerMetrics) -> None:
         self.engine = engine
-        self.urls = itertools.cycle([u.rstrip("/") for u in urls])
+        self.urls = itertools.cycle([u.rstrip("/") for u in urls]) if urls else None
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.min_tokens = min_tokens
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)))
@@ -166,8 +166,10 @@ class PrefillClient:
     def wants(self, token_ids: list[int], adapter: str | None) -> bool:
         return adapter is None and len(token_ids) >= self.min_tokens
 
-    async def prepare(self, token_ids: list[int], cache_salt: str | None, priority: int) -> str:
-        """Bring the prompt's blocks here; the outcome. Never raises for the prefill worker's failures."""
+    async def prepare(self, token_ids: list[int], cache_salt: str | None, priority: int,
+                      url: str | None = None) -> str:
+        """Bring the prompt's blocks here; the outcome. Never raises for the prefill worker's failures.
+        `url`: the prefill worker the gateway named for this request (else this worker's own, in turn)."""
         t0 = time.monotonic()
         decoder = Decoder(self.fingerprint, self.block_bytes)
         outcome = "failed"
@@ -178,7 +180,8 @@ class PrefillClient:
             else:
                 body = {"token_ids": token_ids, "cache_salt": cache_salt, "skip_blocks": skip,
                         "layout": self.fingerprint.hex()}
-                async with self.client.stream("POST", next(self.urls) + ROUTE, content=orjson.dumps(body),
+                target = url.rstrip("/") if url else next(self.urls)
+                async with self.client.stream("POST", target + ROUTE, content=orjson.dumps(body),
                                               headers={**self.headers, "Content-Type": "application/json",
                                                        "X-Priority": str(priority)}) as r:
                     if r.status_code != 200:

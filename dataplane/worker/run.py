@@ -38,6 +38,9 @@ class RequestContext:
     started: float  # time.monotonic() when the request was accepted
     accounting: bool = False  # X-Tessera-Accounting: 1 — open each stream event with the cumulative counts
     tenant_weight: float = 1.0  # X-Tenant-Weight: the tenant's share of its priority (fair sharing by `tenant`)
+    # X-Tessera-Prefill-Url: the prefill worker the gateway named for this request (disaggregated serving; the
+    # request is authenticated by the worker token, so only the gateway can name one)
+    prefill_url: str | None = None
 
 
 @dataclass(slots=True)

@@ -149,10 +149,12 @@ class Serving:
 
         Each delta is counted into `usage` as it arrives from the engine, not as the client takes
         it: tokens still queued behind a slow client when it leaves were generated, and are billed."""
-        if self.prefill is not None:
-            wanted = [p for p in job.prompts if self.prefill.wants(p, job.adapter)]
+        prefill = self._prefill_client(ctx.prefill_url)
+        if prefill is not None:
+            wanted = [p for p in job.prompts if prefill.wants(p, job.adapter)]
             if wanted:  # before any engine request exists: a client leaving meanwhile leaves nothing behind
-                await asyncio.gather(*(self.prefill.prepare(p, ctx.cache_salt, priority) for p in wanted))
+                await asyncio.gather(*(prefill.prepare(p, ctx.cache_salt, priority, ctx.prefill_url)
+                                       for p in wanted))
         ids = [self._claim(ctx.request_id if len(job.prompts) == 1 else f"{ctx.request_id}-{i}")
                for i in range(len(job.prompts))]
         gens = [self.engine.generate(p, job.params, request_id=rid, priority=priority, cache_salt=ctx.cache_salt,
@@ -167,6 +169,17 @@ class Serving:
             for g in gens:
                 await g.aclose()  # aborts the engine request if it has not finished
             self.active.difference_update(ids)
+
+    def _prefill_client(self, named: str | None) -> PrefillClient | None:
+        """The worker's own (--prefill-url), or, for a prefill worker the gateway named, one made on first use;
+        None when this engine has no second tier to receive blocks into (it computes its prompts itself)."""
+        if named is None or not named.startswith(("http://", "https://")):
+            own = self.prefill is not None and self.prefill.urls is not None  # --prefill-url
+            return self.prefill if own else None
+        if self.prefill is None and getattr(self.engine, "has_second_tier", False):
+            self.prefill = PrefillClient(self.engine, [], self.config.token, self.config.prefill_min_tokens,
+                                         self.config.prefill_timeout, self.metrics)
+        return self.prefill
 
     def _admit(self, priority: int) -> None:
         """Shed low priorities first: refuse while the waiting queue is at this priority's limit."""

@@ -34,7 +34,7 @@ class ReplicaSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Replica
-        fields = ["id", "uid", "worker", "status", "reason", "attempt", "failures", "retry_at", "dispatched_at",
+        fields = ["id", "uid", "worker", "role", "status", "reason", "attempt", "failures", "retry_at", "dispatched_at",
                   "ready_at", "load_seconds", "gate", "created_at", "updated_at"]
         read_only_fields = fields
 
@@ -73,7 +73,8 @@ class DeploymentSerializer(serializers.ModelSerializer):
     class Meta:
         model = Deployment
         fields = ["id", "name", "model", "quantization", "replicas", "min_replicas", "max_replicas", "autoscaler",
-                  "served_name", "placement", "engine_args", "max_adapters", "deleting", "status", "replica_status",
+                  "served_name", "placement", "engine_args", "max_adapters", "prefill_replicas", "deleting", "status",
+                  "replica_status",
                   "created_at", "updated_at"]
         read_only_fields = fields
 
@@ -104,6 +105,9 @@ class DeploymentCreateSerializer(serializers.Serializer):
     placement = serializers.DictField(required=False, default=dict)
     engine_args = serializers.DictField(required=False, default=dict)
     max_adapters = serializers.IntegerField(min_value=0, max_value=256, default=0)
+    prefill_replicas = serializers.IntegerField(min_value=0, max_value=64, default=0,
+                                                help_text="Replicas that compute long prompts for the others "
+                                                          "(disaggregated prefill); needs engine_args.kv_offload_size.")
     min_replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, default=1,
                                             help_text="Autoscaling's floor; 0 scales to zero when idle.")
     max_replicas = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, required=False, allow_null=True,
@@ -118,6 +122,7 @@ class DeploymentUpdateSerializer(serializers.Serializer):
     placement = serializers.DictField(required=False)
     engine_args = serializers.DictField(required=False)
     max_adapters = serializers.IntegerField(min_value=0, max_value=256, required=False)
+    prefill_replicas = serializers.IntegerField(min_value=0, max_value=64, required=False)
     min_replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, required=False)
     max_replicas = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, required=False, allow_null=True,
                                             help_text="null turns autoscaling off (replicas stay as they are).")

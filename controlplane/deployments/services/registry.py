@@ -91,6 +91,17 @@ def _check_placement(placement: Any) -> dict:
     return placement
 
 
+def _check_prefill(prefill_replicas: int, engine_args: dict) -> int:
+    """Prefill replicas need the serving replicas to keep what they receive: a second tier."""
+    if not isinstance(prefill_replicas, int) or isinstance(prefill_replicas, bool) or not 0 <= prefill_replicas <= 64:
+        raise _invalid("prefill_replicas: an integer from 0 to 64.", "prefill_replicas")
+    size = engine_args.get("kv_offload_size", 0)
+    if prefill_replicas and size in (0, "0"):
+        raise _invalid("prefill_replicas: the serving replicas keep the blocks prefill replicas send in the prefix "
+                       "cache's second tier; set engine_args.kv_offload_size (e.g. \"4GiB\") too.", "prefill_replicas")
+    return prefill_replicas
+
+
 def _check_engine_args(engine_args: Any) -> dict:
     if not isinstance(engine_args, dict):
         raise _invalid("engine_args: an object.", "engine_args")
@@ -187,7 +198,7 @@ def model_delete(*, model: Model) -> None:
 def deployment_create(*, model: Model, replicas: int = 1, quantization: str = "bf16", name: str | None = None,
                       served_name: str | None = None, placement: dict | None = None,
                       engine_args: dict | None = None, max_adapters: int = 0, min_replicas: int = 1,
-                      max_replicas: int | None = None) -> Deployment:
+                      max_replicas: int | None = None, prefill_replicas: int = 0) -> Deployment:
     quantization = quantization_normalize(quantization)
     if quantization not in model.quantizations:
         raise ApplicationError(f"Model {model.name!r} is not available as {quantization} (it has "
@@ -202,10 +213,12 @@ def deployment_create(*, model: Model, replicas: int = 1, quantization: str = "b
     _check_name(served_name, "served_name")
     try:
         with transaction.atomic():
+            engine_args = _check_engine_args(engine_args or {})
             deployment = Deployment.objects.create(
                 name=name, model=model, quantization=quantization, desired_replicas=replicas, served_name=served_name,
-                placement=_check_placement(placement or {}), engine_args=_check_engine_args(engine_args or {}),
-                max_adapters=max_adapters, min_replicas=min_replicas, max_replicas=max_replicas)
+                placement=_check_placement(placement or {}), engine_args=engine_args,
+                max_adapters=max_adapters, min_replicas=min_replicas, max_replicas=max_replicas,
+                prefill_replicas=_check_prefill(prefill_replicas, engine_args))
             audit.record("deployment.create", deployment)
             dispatch.reconcile_soon()
     except IntegrityError:
@@ -215,7 +228,8 @@ def deployment_create(*, model: Model, replicas: int = 1, quantization: str = "b
 
 def deployment_update(*, deployment: Deployment, replicas: int | None = None, placement: dict | None = None,
                       engine_args: dict | None = None, max_adapters: int | None = None,
-                      min_replicas: int = UNSET, max_replicas: int | None = UNSET) -> Deployment:
+                      min_replicas: int = UNSET, max_replicas: int | None = UNSET,
+                      prefill_replicas: int | None = None) -> Deployment:
     """Scale or reconfigure. A changed spec gives failed replicas a fresh start. Bounds are checked
     against the stored ones (a PATCH of max_replicas alone below the stored min is refused)."""
     if replicas is not None and replicas < 0:
@@ -241,6 +255,9 @@ def deployment_update(*, deployment: Deployment, replicas: int | None = None, pl
             deployment.engine_args, respec = _check_engine_args(engine_args), True
         if max_adapters is not None:
             deployment.max_adapters, respec = max_adapters, True
+        if prefill_replicas is not None:
+            deployment.prefill_replicas = prefill_replicas
+        deployment.prefill_replicas = _check_prefill(deployment.prefill_replicas, deployment.engine_args)
         deployment.save()
         if respec:
             _replicas_retry(deployment.replicas.filter(status=ReplicaStatus.FAILED))

@@ -153,3 +153,30 @@ def test_the_prefill_route_checks_its_caller_and_its_input():
         assert ok.status_code == 200 and ok.headers["x-tessera-kv-blocks"] == "2"  # 40 tokens: 2 full blocks
     finally:
         w.stop()
+
+
+def test_the_gateway_can_name_the_prefill_worker_per_request():
+    """A managed serving replica has no --prefill-url: the gateway names its deployment's prefill replica with
+    each request (X-Tessera-Prefill-Url). A worker without a second tier computes the prompt itself."""
+    prefill = WorkerProcess("--dtype", "float32", "--no-load-curve")
+    serving = WorkerProcess("--dtype", "float32", "--kv-offload-size", "64MiB", "--prefill-min-tokens", "64",
+                            "--no-load-curve")
+    try:
+        prefill.wait_ready()
+        serving.wait_ready()
+        want = complete(prefill, PROMPTS[1])
+        body = {"model": MODEL, "prompt": PROMPTS[1], "max_tokens": 8, "temperature": 0, "logprobs": 2}
+        named = {**serving.headers, "X-Tessera-Prefill-Url": prefill.url}
+        got = httpx.post(serving.url + "/v1/completions", json=body, headers=named, timeout=120).json()
+        assert got["choices"][0]["text"] == want.choices[0].text
+        assert got["usage"]["prompt_tokens"] == want.usage.prompt_tokens
+        assert outcomes(serving)["ok"] == 1, outcomes(serving)
+        assert serving.metrics()["tessera:disagg_blocks_received_total"] >= 8
+        # the prefill worker has no second tier: named a prefill worker, it serves the prompt itself
+        body["prompt"] = PROMPTS[2]
+        alone = httpx.post(prefill.url + "/v1/completions", json=body,
+                           headers={**prefill.headers, "X-Tessera-Prefill-Url": serving.url}, timeout=120)
+        assert alone.status_code == 200 and outcomes(prefill) == {"ok": 0, "partial": 0, "failed": 0}
+    finally:
+        prefill.stop()
+        serving.stop()
