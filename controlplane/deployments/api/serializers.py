@@ -68,6 +68,9 @@ class DeploymentSerializer(serializers.ModelSerializer):
     model = serializers.SlugRelatedField(slug_field="name", read_only=True)
     replicas = serializers.IntegerField(source="desired_replicas", read_only=True)
     status = serializers.SerializerMethodField()
+    # Declared: left to the model, the reverse one-to-one became the state's primary key (an integer, or a
+    # null the schema did not allow) and get_autoscaler was never called.
+    autoscaler = serializers.SerializerMethodField()
     replica_status = ReplicaSerializer(source="replicas", many=True, read_only=True)
 
     class Meta:

@@ -38,6 +38,17 @@ def test_create_with_bounds_and_read_them_back(deployed, op):
     assert shown["max_replicas"] == 4
 
 
+
+def test_the_autoscalers_last_reading_is_shown_as_an_object(deployed, op, make_worker, commit):
+    from controlplane.deployments import reconciler
+
+    make_worker("w1")
+    with commit():
+        reconciler.reconcile()
+    shown = op.get(URL + "smollm2-135m-instruct/").json()["autoscaler"]
+    assert isinstance(shown, dict) and shown["reason"] and {"recommended", "signals", "ups", "downs"} <= set(shown)
+
+
 def test_max_below_min_in_one_body_is_a_field_error(op, make_model, sent):
     make_model()
     refused = op.post(URL, {"model": "smollm2-135m-instruct", "min_replicas": 3, "max_replicas": 2}, format="json")
