@@ -99,21 +99,15 @@ def prefill_routes(get_engine: Callable[[], AsyncLLM | None], authorize: Callabl
     return [Route(ROUTE, prefill, methods=["POST"]), Route(LAYOUT_ROUTE, layout, methods=["GET"])]
 
 
-def _chain_run(blocks: list[tuple[bytes, bytes]], expected: list[bytes]) -> int:
-    """How many leading blocks are the prompt's chain past what the decode worker holds, in order."""
-    n = 0
-    for (h, _), want in zip(blocks, expected, strict=False):
-        if h != want:
-            break
-        n += 1
-    return n
-
-
-def _check_chain(blocks: list[tuple[bytes, bytes]], expected: list[bytes]) -> None:
+def _verify_chain(blocks: list[tuple[bytes, bytes]], expected: list[bytes], verified: int) -> int:
+    """Check the blocks past the first `verified` against the prompt's chain (past what the decode worker
+    holds, in order); the new count of verified blocks. ValueError at the first that is not the prompt's."""
     if len(blocks) > len(expected):
         raise ValueError(f"the prefill worker sent more blocks than the prompt's {len(expected)}")
-    if _chain_run(blocks, expected) < len(blocks):
-        raise ValueError(f"block {_chain_run(blocks, expected)} is not the prompt's (another hash)")
+    for i in range(verified, len(blocks)):
+        if blocks[i][0] != expected[i]:
+            raise ValueError(f"block {i} is not the prompt's (another hash)")
+    return len(blocks)
 
 
 def _body(raw: bytes) -> dict:
@@ -173,6 +167,8 @@ class PrefillClient:
         t0 = time.monotonic()
         decoder = Decoder(self.fingerprint, self.block_bytes)
         outcome = "failed"
+        verified = 0  # leading blocks received and found to be the prompt's own
+        expected: list[bytes] = []  # stays empty if the engine cannot say what it wants
         try:
             skip, expected = await self.engine.wanted_blocks(token_ids, cache_salt)
             if not expected:
@@ -188,7 +184,7 @@ class PrefillClient:
                         raise ValueError(f"prefill worker answered {r.status_code}: {(await r.aread())[:200]!r}")
                     async for chunk in r.aiter_raw():
                         decoder.feed(chunk)
-                        _check_chain(decoder.blocks, expected)
+                        verified = _verify_chain(decoder.blocks, expected, verified)
                 decoder.finish()
                 outcome = "ok"
         except (httpx.HTTPError, ValueError, OSError) as exc:
@@ -197,7 +193,10 @@ class PrefillClient:
             raise  # the client left: nothing to keep waiting for
         # Only the prompt's own chain, in order, from its start: a block under any other hash (a stale or
         # broken sender) would sit in the tier for a prompt nobody asked about.
-        good = decoder.blocks[: _chain_run(decoder.blocks, expected)]
+        # (a feed that failed may have brought whole blocks not yet checked: those of the chain still count)
+        while verified < min(len(decoder.blocks), len(expected)) and decoder.blocks[verified][0] == expected[verified]:
+            verified += 1
+        good = decoder.blocks[:verified]
         if outcome != "ok":
             outcome = "partial" if good else "failed"
         if good:
