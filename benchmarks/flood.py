@@ -15,7 +15,9 @@ premium and a free tenant are made with `manage.py tenant_create`, and then:
   premium sample is taken, so every flooded sample is one.
 Reported: premium TTFT p50/p95 quiet and flooded and their ratio (target ≤ 1.5×), ms per token, the
 flood's answers by status (every refusal a 429 with Retry-After; no 5xx), the gateway's CPU per flood
-answer, and where the slowest tenth of the flooded premium requests waited (their Server-Timing).
+answer, the cores each part used while flooded (gateway, worker, Celery, the flooder, the premium
+client, the whole host), and where the slowest tenth of the flooded premium requests waited (their
+Server-Timing).
 
 The CPU is recorded; compare only within one run. benchmarks.cpu_contention isolates the engine's part.
 """
@@ -143,9 +145,56 @@ def _tenant(var: Path, name: str, tier: str) -> str:
     return json.loads(out[out.index("{"):])["api_key"]
 
 
-def _web_pid(var: Path) -> int:
-    out = subprocess.run(["pgrep", "-f", "uvicorn controlplane.asgi"], capture_output=True, text=True).stdout.split()
-    return int(out[0])
+_PROCESSES = (("gateway", "uvicorn controlplane.asgi"), ("worker", "dataplane.worker"),
+              ("celery", "celery -A controlplane"))
+
+
+def _stack_pids(proc: subprocess.Popen) -> dict[str, list[int]]:
+    """The stack's processes by role: the launcher's descendants (each child has its own process group)."""
+    parent: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+    below, frontier = set(), {proc.pid}
+    while frontier:
+        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - below
+        below |= frontier
+    out: dict[str, list[int]] = {role: [] for role, _ in _PROCESSES} | {"other": []}
+    for pid in below:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        role = next((r for r, pattern in _PROCESSES if pattern in cmdline), "other")
+        out[role].append(pid)
+    return out
+
+
+def _host_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole host since boot (/proc/stat's first line)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(fields) - idle) / tick, sum(fields) / tick
+
+
+def _cpu_of(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            total += cpu_seconds(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total
+
+
+def cpu_shares(roles: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds so far of each role, and of the host (`host_busy`, `host_total`)."""
+    shares = {role: _cpu_of(pids) for role, pids in roles.items()}
+    shares["host_busy"], shares["host_total"] = _host_busy()
+    return shares
 
 
 def run_one(wait: str, threads: str, port: int, seconds: float, premium_n: int, concurrency: int,
@@ -157,17 +206,20 @@ def run_one(wait: str, threads: str, port: int, seconds: float, premium_n: int, 
         quiet_itl: list[float] = []
         quiet_stages: list[dict[str, float]] = []
         quiet = ttfts(url, premium, MODEL, premium_n, tokens, stages=quiet_stages, itls=quiet_itl)  # after 3 unmeasured
-        web = _web_pid(var)
+        web = _stack_pids(proc)["gateway"][0]  # this stack's (a test's gateway may run beside it)
         flooder = subprocess.Popen(["nice", "-n", "10", sys.executable, "-m", "benchmarks.flood", "--flooder", url,
                                     "--key", free, "--seconds", str(seconds), "--concurrency", str(concurrency),
                                     "--rate", str(rate)],
                                    cwd=ROOT, stdout=subprocess.PIPE, text=True)
         time.sleep(2.0)
+        roles = {**_stack_pids(proc), "flooder": [flooder.pid], "premium client": [os.getpid()]}
+        shares0 = cpu_shares(roles)
         cpu0, t0 = cpu_seconds(web), time.perf_counter()
         stages: list[dict[str, float]] = []
         flooded_itl: list[float] = []
         flooded = ttfts(url, premium, MODEL, premium_n, tokens, warmup=0, stages=stages, itls=flooded_itl)
         cpu, elapsed = cpu_seconds(web) - cpu0, time.perf_counter() - t0
+        shares = {k: v - shares0[k] for k, v in cpu_shares(roles).items()}
         if flooder.poll() is not None:  # every premium sample must have been taken under the flood
             raise RuntimeError(f"the flood ended before the premium measurement did: raise --seconds ({seconds:g})")
         flooder.send_signal(signal.SIGTERM)
@@ -194,7 +246,10 @@ def run_one(wait: str, threads: str, port: int, seconds: float, premium_n: int, 
             "idle_ratio": percentile(idle, 95) / q95 if idle else None,
             "flood": report, "flood_answers_per_s": rate,
             "gateway_cpu_ms_per_flood_answer": cpu * 1e3 / max(rate * elapsed, 1),
-            "slowest": slowest(flooded, stages), "quiet_slowest": slowest(quiet, quiet_stages)}
+            "slowest": slowest(flooded, stages), "quiet_slowest": slowest(quiet, quiet_stages),
+            # cores in use during the flooded measurement, by role and for the whole host
+            "cores_used": {k: v / elapsed for k, v in shares.items() if k != "host_total"},
+            "cores_on_host": shares["host_total"] / elapsed}
 
 
 def slowest(samples: list[float], stages: list[dict[str, float]]) -> dict[str, float]:
@@ -250,8 +305,9 @@ def main() -> None:
              "| OMP_WAIT_POLICY | worker threads | premium TTFT p50 / p95 quiet (ms) | flooded (ms) | **p95 ×** | "
              "flooded, engine idle at arrival: n, p95 (ms, ×) | "
              "premium ms/token p50 quiet / flooded (p95) | flood answers/s | "
-             "flood statuses (429s by reason) | gateway CPU ms per flood answer | slowest tenth: ms per stage, quiet → flooded |",
-             "|---|---|---:|---:|---:|---|---:|---:|---|---:|---|"]
+             "flood statuses (429s by reason) | gateway CPU ms per flood answer | cores in use while flooded | "
+             "slowest tenth: ms per stage, quiet → flooded |",
+             "|---|---|---:|---:|---:|---|---:|---:|---|---:|---|---|"]
     for r in rows:
         lines.append(f"| {r['wait']} | {r['threads']} | {r['quiet_p50']:.0f} / {r['quiet_p95']:.0f} | {r['flooded_p50']:.0f} / "
                      f"{r['flooded_p95']:.0f} | **{r['p95_ratio']:.2f}×** | "
@@ -261,6 +317,7 @@ def main() -> None:
                      f"{r['flood']['statuses']} ({r['flood'].get('refusals', {})}; without Retry-After: "
                      f"{r['flood']['missing_retry_after']}) | "
                      f"{r['gateway_cpu_ms_per_flood_answer']:.2f} | "
+                     + ", ".join(f"{k} {v:.2f}" for k, v in r["cores_used"].items()) + " | "
                      + ", ".join(f"{k} {r['quiet_slowest'].get(k, 0):.0f} → {v:.0f}" for k, v in r["slowest"].items())
                      + " |")
     write_results("flood", {"cpu": cpu, "cores": os.cpu_count(), "when": when, "rows": rows}, "\n".join(lines))

@@ -1,5 +1,6 @@
 """benchmarks.flood names each 429 by what refused it, from the gateway's own wording: if
-responses.refusal's messages change, this fails instead of the benchmark's table silently lumping them."""
+responses.refusal's messages change, this fails instead of the benchmark's table silently lumping them.
+And it finds its stack's processes by role for the cores-in-use column."""
 
 from __future__ import annotations
 
@@ -17,3 +18,37 @@ def test_every_refusal_is_named_by_its_reason(reason):
     body = {"message": error.message, "code": error.code, "type": error.type}
     expected = "insufficient_quota" if reason.endswith("_budget") else reason
     assert _reason(body) == expected
+
+
+def test_the_stacks_processes_are_found_by_role_among_the_launchers_descendants():
+    """Grandchildren count (each child of make run's launcher has its own process group), a process of the
+    same name outside the launcher's tree does not (a test's gateway running beside the benchmark)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks.flood import _stack_pids, cpu_shares
+
+    sleeper = "import time; time.sleep(30)"
+    outside = subprocess.Popen([sys.executable, "-c", sleeper, "uvicorn controlplane.asgi"])
+    launcher = subprocess.Popen(["bash", "-c", f"{sys.executable} -c '{sleeper}' uvicorn controlplane.asgi & "
+                                 f"setsid {sys.executable} -c '{sleeper}' -m dataplane.worker.agent & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            roles = _stack_pids(launcher)
+            if roles["gateway"] and roles["worker"]:
+                break
+            time.sleep(0.05)
+        assert len(roles["gateway"]) == 1 and len(roles["worker"]) == 1
+        assert outside.pid not in roles["gateway"]
+        shares = cpu_shares(roles)
+        assert 0 <= shares["gateway"] and 0 < shares["host_busy"] <= shares["host_total"]
+    finally:
+        for pid in [p for pids in _stack_pids(launcher).values() for p in pids]:
+            os.kill(pid, signal.SIGKILL)
+        for proc in (outside, launcher):
+            proc.kill()
+            proc.wait()
