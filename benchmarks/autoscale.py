@@ -292,7 +292,7 @@ def render(path: str) -> None:
 
 
 def charts(rows: list[dict], slo_ms: float) -> None:
-    from controlplane.admin_charts import Series, line_chart
+    from common.admin_charts import Series, line_chart
 
     labels = [f"{r['t']:.0f}" for r in rows]
     top = max([r["desired"] for r in rows] + [r["load_clients"] for r in rows] + [1])

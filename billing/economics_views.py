@@ -20,7 +20,7 @@ from billing import exports
 from billing.costs.export import VIEWS, report_rows
 from billing.costs.months import month_range
 from billing.costs.report import PERIODS, unit_economics
-from controlplane.renderers import CSVRenderer, ParquetRenderer
+from common.renderers import CSVRenderer, ParquetRenderer
 from tenants.api.permissions import IsFinance
 
 _PARAMETERS = [

@@ -12,7 +12,7 @@ from rest_framework.views import APIView
 from billing.errors import BillingError
 from billing.models import WorkerClassRate
 from billing.services import worker_rate_create
-from controlplane.pagination import Pages
+from common.pagination import Pages
 from tenants.api.permissions import IsFinance, IsOperator
 
 

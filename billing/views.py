@@ -11,7 +11,7 @@ from rest_framework import exceptions, renderers
 from rest_framework.views import APIView
 
 from billing import exports
-from controlplane.renderers import CSVRenderer, ParquetRenderer
+from common.renderers import CSVRenderer, ParquetRenderer
 from tenants.api.permissions import IsFinance
 from tenants.selectors import tenant_id_by_id_or_slug
 

@@ -1,6 +1,6 @@
 """The management API's rendering of errors (DRF's `EXCEPTION_HANDLER`).
 
-Kept out of controlplane/errors.py: the error type sits below every app, while this handler
+Kept out of common/errors.py: the error type sits below every app, while this handler
 knows about outages (a dependency down answers 503) and so depends on the gateway's outage map.
 """
 
@@ -15,8 +15,8 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_default_handler
 from rest_framework.views import set_rollback
 
+from common.errors import ApplicationError
 from controlplane import unavailable
-from controlplane.errors import ApplicationError
 from controlplane.gateway.outages import RETRY_AFTER_SECONDS, dependency_of
 
 log = logging.getLogger("tessera.api")

@@ -19,7 +19,7 @@ from django.utils.safestring import mark_safe
 
 from billing.models import UsageRecord
 from billing.selectors import tenant_spend, tenant_tokens
-from controlplane import admin_charts
+from common import admin_charts
 from controlplane.slo import sli
 from controlplane.slo.selectors import PLATFORM_BAD, slo_status, tier_targets
 

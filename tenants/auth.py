@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.utils import timezone
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 
 from .keys import hash_secret, looks_like_key
 from .models import APIKey, TenantStatus

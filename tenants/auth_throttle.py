@@ -31,7 +31,7 @@ from typing import TypeVar
 
 from prometheus_client import Counter
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 from controlplane.slo.metrics import REGISTRY
 
 from . import auth

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 
 from .auth import KeyPrincipal
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from controlplane.errors import NotFound
+from common.errors import NotFound
 
 # TenantLimits is defined beside the limiters that consume it (a lower layer); importable from here too.
 from .limits.base import TenantLimits

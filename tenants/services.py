@@ -10,8 +10,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
+from common.errors import ApplicationError
 from controlplane import audit
-from controlplane.errors import ApplicationError
 
 from . import auth
 from .keys import generate_secret, hash_secret, visible_prefix

@@ -23,11 +23,17 @@ LAYERS: list[tuple[str, ...]] = [
     ("dataplane.runner", "dataplane.sampling", "dataplane.structured", "dataplane.spec_decode"),
     ("dataplane.engine", "dataplane.scheduler", "dataplane.kv_cache", "dataplane"),
     ("dataplane.worker",),
-    ("controlplane", "tenants", "billing"),
+    # the control plane's ground floor: errors, async ORM calls, client address, renderers; and the audit
+    # log's writer and models, which every app's services call (its API, export command and the role
+    # listener, which knows the tenants' role names, stand higher)
+    ("common", "controlplane.audit"),
+    ("tenants", "billing"),
+    ("controlplane", "controlplane.audit.api", "controlplane.audit.management", "controlplane.audit.signals",
+     "controlplane.audit.apps"),  # the app's wiring: ready() connects the role listener
     ("benchmarks",),
 ]
 DATA_PLANE = ("dataplane", "kernels")
-CONTROL_PLANE = ("controlplane", "tenants", "billing")
+CONTROL_PLANE = ("common", "controlplane", "tenants", "billing")
 
 # (importer, imported): the exceptions of today, and why each stays for now.
 ALLOWED: set[tuple[str, str]] = {
@@ -49,6 +55,13 @@ ALLOWED: set[tuple[str, str]] = {
     # raises the scheduler's QueueFullError (an error type that belongs in a lower module)
     ("dataplane.lora.manager", "dataplane.scheduler.scheduler"),
     ("dataplane.structured.compile_process", "dataplane.scheduler.scheduler"),
+    # a tenant's admin page shows its SLO status and the platform's (an admin panel composing two apps);
+    # the key-guessing throttle counts its refusals on the SLO registry that /metrics serves
+    ("tenants.admin_panels", "controlplane.slo.selectors"),
+    ("tenants.admin_panels", "controlplane.slo.sli"),
+    ("tenants.auth_throttle", "controlplane.slo.metrics"),
+    # the cost side of unit economics reads the replicas' lifetimes from the deployments app
+    ("billing.services.replica_spans", "controlplane.deployments.models"),
 }
 
 

@@ -1,5 +1,5 @@
 """The admin's unit-economics charts for one month: cost vs revenue per day, margin by tenant, $/M
-tokens by deployment. Reads the report (billing/costs/report.py) and draws with controlplane.admin_charts."""
+tokens by deployment. Reads the report (billing/costs/report.py) and draws with common.admin_charts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import datetime
 from django.utils.safestring import SafeString, mark_safe
 
 from billing.costs.report import unit_economics
-from controlplane import admin_charts
+from common import admin_charts
 
 TENANTS_SHOWN = 12  # the largest margins by size, either sign; the export has the rest
 

@@ -1,7 +1,7 @@
 """Sets the audit origin for admin and management-API requests (controlplane/audit/context.py).
 
 Every such response carries `X-Request-Id`, the id its audit events hold. The client's address
-follows the platform's one rule (controlplane/client_ip.py): the socket peer, or X-Forwarded-For's
+follows the platform's one rule (common/client_ip.py): the socket peer, or X-Forwarded-For's
 entry for TESSERA_TRUSTED_PROXY_HOPS proxies in front (0 by default: a client writes that header).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
-from controlplane.client_ip import client_ip, normalize
+from common.client_ip import client_ip, normalize
 
 from . import context
 from .models import Channel

@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 
 from billing.admin import ReadOnlyAdmin as ReadOnly
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 
 from .models import Batch, BatchLine, StoredFile
 from .services import batch_cancel

@@ -15,7 +15,7 @@ from django.core.files.base import ContentFile, File
 from django.db import transaction
 from django.db.models import Sum
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 
 from . import conf, storable
 from .models import StoredFile

@@ -23,7 +23,7 @@ import tempfile
 import orjson
 from django.core.files.base import File
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 
 from . import conf, files
 from .models import Batch, BatchLine

@@ -23,8 +23,8 @@ import asyncio
 import logging
 import time
 
-from controlplane.asyncdb import db_call
-from controlplane.errors import ApplicationError
+from common.asyncdb import db_call
+from common.errors import ApplicationError
 from controlplane.gateway import accounting, upstream
 from controlplane.gateway.dependencies import dependency_of
 from controlplane.gateway.workers import get_registry

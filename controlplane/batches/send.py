@@ -30,8 +30,8 @@ import orjson
 from django.db import OperationalError
 from django.http import HttpRequest
 
-from controlplane.asyncdb import db_call
-from controlplane.errors import ApplicationError
+from common.asyncdb import db_call
+from common.errors import ApplicationError
 from controlplane.gateway import accounting, proxy
 from controlplane.gateway.dependencies import dependency_of
 

@@ -14,7 +14,7 @@ import orjson
 from django.db import DataError, transaction
 from django.utils import timezone
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 
 from . import files, signals, storable
 from .models import Batch, BatchLine, StoredFile

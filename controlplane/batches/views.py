@@ -6,8 +6,8 @@ import orjson
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
-from controlplane.asyncdb import db_call
-from controlplane.errors import ApplicationError
+from common.asyncdb import db_call
+from common.errors import ApplicationError
 from controlplane.gateway import params, proxy
 from controlplane.gateway.responses import error_response, json_response
 from controlplane.gateway.views import openai_endpoint

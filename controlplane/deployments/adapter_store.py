@@ -21,7 +21,7 @@ import os
 import posixpath
 from urllib.parse import urlparse
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 
 from . import conf
 

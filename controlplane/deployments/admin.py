@@ -7,8 +7,8 @@ from django.contrib import admin, messages
 from django.utils import timezone
 from django.utils.html import format_html
 
+from common.errors import ApplicationError
 from controlplane.audit.admin_mixins import AuditedAdminMixin
-from controlplane.errors import ApplicationError
 
 from . import adapter_store, admin_panels, reconciler, services
 from .models import Adapter, AdapterPlacement, Deployment, Model, Replica, ReplicaStatus, Worker, WorkerStatus

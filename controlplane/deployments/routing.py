@@ -17,7 +17,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from controlplane.asyncdb import db_call
+from common.asyncdb import db_call
 from controlplane.gateway.workers import ModelTarget, Registry, Worker
 
 from . import selectors

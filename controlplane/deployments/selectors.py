@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from controlplane.errors import NotFound
+from common.errors import NotFound
 
 from . import conf
 from .models import (

@@ -7,7 +7,7 @@
 | TESSERA_LOGIN_COOLOFF_MAX_SECONDS | 86400 | the longest lockout; failures are forgotten this long after the last one |
 | TESSERA_ADMIN_2FA_ROLES | empty (production: operator,finance) | roles whose holders must pass a TOTP code |
 | TESSERA_ADMIN_2FA_SELF_ENROL | 1 | 1: a user who must have 2FA and has none enrols at sign-in; 0: an operator runs otp_enrol |
-| TESSERA_TRUSTED_PROXY_HOPS | 0 | proxies appending to X-Forwarded-For (controlplane/client_ip.py) |
+| TESSERA_TRUSTED_PROXY_HOPS | 0 | proxies appending to X-Forwarded-For (common/client_ip.py) |
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def address_key(address: str | None) -> str | None:
 
 def client_ip_for_axes(request: HttpRequest) -> str | None:
     """AXES_CLIENT_IP_CALLABLE: the shared client-address rule (TESSERA_TRUSTED_PROXY_HOPS), IPv6 per /64."""
-    from controlplane.client_ip import client_ip
+    from common.client_ip import client_ip
 
     return address_key(client_ip(request))
 

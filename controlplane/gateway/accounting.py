@@ -27,7 +27,7 @@ from django.db.models import Exists, OuterRef, Sum
 from django.utils.module_loading import import_string
 
 from billing.events import UsageEvent
-from controlplane.asyncdb import db_call
+from common.asyncdb import db_call
 from controlplane.slo import metrics as slo_metrics
 from tenants.auth import KeyPrincipal
 from tenants.limits import BudgetSeed, LimitPlan, Settlement, get_limiter

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 
 from .workers import Registry, Worker
 

@@ -6,7 +6,7 @@ runs every MiddlewareMixin hook through sync_to_async (two hops per middleware) 
 request_started/finished signals through sync_to_async too. Measured with the fake upstream
 (benchmarks/gateway.py, 2 shared CPUs), that was ~8 ms of the gateway's added latency. The
 OpenAI endpoints need none of it: no sessions, cookies, CSRF or messages (the caller is a bearer
-key), and their database work goes through controlplane.asyncdb.db_call, which manages its own
+key), and their database work goes through common.asyncdb.db_call, which manages its own
 connections. Client disconnects are still detected and cancel the view, as in Django.
 
 Bodies are capped (TESSERA_MAX_REQUEST_BYTES, controlplane/bodylimit.py) before they are read: a
@@ -35,9 +35,9 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.urls import set_script_prefix, set_urlconf
 from django.utils.log import log_response
 
+from common.client_ip import client_ip_from_scope
+from common.errors import ApplicationError
 from controlplane import bodylimit
-from controlplane.client_ip import client_ip_from_scope
-from controlplane.errors import ApplicationError
 
 log = logging.getLogger("tessera.gateway")
 

@@ -15,7 +15,7 @@ import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from controlplane.asyncdb import db_call
+from common.asyncdb import db_call
 
 
 @dataclass(frozen=True, slots=True)

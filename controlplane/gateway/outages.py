@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 
 from .dependencies import dependency_of
 

@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 from typing import TypeVar
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 
 ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DIGITS = re.compile(r"[0-9]{1,9}")  # at most 9 digits: any page size we accept, and int() stays cheap

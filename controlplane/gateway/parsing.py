@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 from django.conf import settings
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 
 BYTES_PER_TOKEN = 3
 TOKENS_PER_MESSAGE = 8

@@ -25,8 +25,8 @@ import httpx
 import orjson
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
-from controlplane.client_ip import client_ip
-from controlplane.errors import ApplicationError
+from common.client_ip import client_ip
+from common.errors import ApplicationError
 from controlplane.slo import content_log
 from controlplane.slo import metrics as slo_metrics
 from tenants import auth, auth_throttle
@@ -78,7 +78,7 @@ async def principal_for_hash(key_hash: str) -> KeyPrincipal:
         if hit:
             outages.note_serving_from_memory("keys")
     if not hit:
-        from controlplane.asyncdb import db_call
+        from common.asyncdb import db_call
 
         try:
             principal = await db_call(auth.lookup_hash, key_hash)

@@ -7,7 +7,7 @@ import math
 import orjson
 from django.http import HttpResponse
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 from tenants.limits import Decision
 
 JSON = "application/json"

@@ -20,8 +20,8 @@ from typing import Any
 import orjson
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
-from controlplane.asyncdb import db_call
-from controlplane.errors import ApplicationError
+from common.asyncdb import db_call
+from common.errors import ApplicationError
 
 from . import outages, params, proxy, responses_render, responses_store
 from .responses import error_response, json_response

@@ -30,7 +30,7 @@ from django.db import transaction
 from django.utils.module_loading import import_string
 
 from billing.events import UsageEvent
-from controlplane.asyncdb import db_call
+from common.asyncdb import db_call
 from tenants.limits import Settlement, get_limiter
 
 from . import accounting, worker_usage

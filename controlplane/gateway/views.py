@@ -19,8 +19,8 @@ from django.http import HttpRequest, HttpResponse
 from django.http.multipartparser import MultiPartParserError
 from django.views.decorators.csrf import csrf_exempt
 
+from common.errors import ApplicationError
 from controlplane import bodylimit
-from controlplane.errors import ApplicationError
 
 from . import outages, proxy
 from .responses import error_response, json_response

@@ -29,7 +29,7 @@ import httpx
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 
 from . import prefix_routing, shared_prefixes, upstream
 

@@ -167,7 +167,7 @@ TIME_ZONE = "UTC"
 
 # --- Tessera: tenants, API keys and the gateway -------------------------------------------------
 # Reverse proxies in front of this process that append to X-Forwarded-For: the client address that
-# lockout and throttling count under is the N-th entry from the right (controlplane/client_ip.py).
+# lockout and throttling count under is the N-th entry from the right (common/client_ip.py).
 # 0 (the default): the header is ignored and the socket's peer is the client.
 TESSERA_TRUSTED_PROXY_HOPS = int(os.environ.get("TESSERA_TRUSTED_PROXY_HOPS", "0"))
 # Server secret for the keyed hash of API keys. Changing it invalidates every key.
@@ -276,7 +276,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "EXCEPTION_HANDLER": "controlplane.api_errors.drf_exception_handler",
-    "DEFAULT_PAGINATION_CLASS": "controlplane.pagination.Pages",
+    "DEFAULT_PAGINATION_CLASS": "common.pagination.Pages",
     "PAGE_SIZE": 100,
 }
 SPECTACULAR_SETTINGS = {

@@ -9,7 +9,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 from tenants import selectors as tenant_selectors
 from tenants.api.authentication import TenantUser
 from tenants.api.permissions import IsOperator, IsTenantKey

@@ -15,6 +15,7 @@ WORKDIR /app
 ARG TORCH_INDEX_URL=""
 RUN pip install torch ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 COPY pyproject.toml README.md ./
+COPY common ./common
 COPY controlplane ./controlplane
 COPY tenants ./tenants
 COPY billing ./billing

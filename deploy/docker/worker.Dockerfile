@@ -13,6 +13,7 @@ ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /app
 RUN pip install torch  # the CUDA build
 COPY pyproject.toml README.md ./
+COPY common ./common
 COPY controlplane ./controlplane
 COPY tenants ./tenants
 COPY billing ./billing

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from rest_framework import authentication, exceptions
 
-from controlplane.client_ip import client_ip
-from controlplane.errors import ApplicationError
+from common.client_ip import client_ip
+from common.errors import ApplicationError
 from tenants import auth, auth_throttle
 from tenants.auth import KeyPrincipal
 
@@ -48,7 +48,7 @@ class APIKeyAuthentication(authentication.BaseAuthentication):
             return None  # let session/basic authentication try
         try:
             # Failed keys are throttled per client address (tenants/auth_throttle.py): past the limit the
-            # ApplicationError is a 429, rendered in DRF's format by controlplane.errors.
+            # ApplicationError is a 429, rendered in DRF's format by common.errors.
             principal = auth_throttle.guarded_sync(client_ip(request), header, _principal)
         except ApplicationError as exc:
             if exc.status == 429:

@@ -9,7 +9,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.pagination import Pages
+from common.pagination import Pages
 from tenants import selectors, services
 from tenants.models import Tier
 

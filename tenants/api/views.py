@@ -14,7 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.errors import PermissionDenied
+from common.errors import PermissionDenied
 from tenants import selectors, services
 from tenants.models import Tenant
 

@@ -116,7 +116,7 @@ def _fail_in_database(address: str, limit: int) -> Verdict:
 
 class DatabaseAuthFailures:
     async def fail(self, address: str, limit: int) -> Verdict:
-        from controlplane.asyncdb import db_call
+        from common.asyncdb import db_call
 
         return await db_call(_fail_in_database, address, limit)
 

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from controlplane.asyncdb import db_call
+from common.asyncdb import db_call
 
 from ..models import BudgetPeriod, RateLimitState, Reservation
 from . import refusals

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 from tenants import auth, auth_throttle
 from tenants.limits import auth_failures
 

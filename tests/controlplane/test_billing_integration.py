@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 async def test_each_request_lands_once_in_the_ledger(gateway, tenant_key, drain):
     from billing.models import UsageRecord
     from billing.services.usage import usage_record_ingest
-    from controlplane.asyncdb import db_call
+    from common.asyncdb import db_call
     from controlplane.gateway import usage_writer
 
     gateway.TESSERA_USAGE_SINK = "billing.services.usage_record_ingest"
@@ -42,7 +42,7 @@ async def test_a_hard_spend_budget_priced_by_the_price_book(gateway, tenant_key,
     from decimal import Decimal
 
     from billing.services.prices import price_create
-    from controlplane.asyncdb import db_call
+    from common.asyncdb import db_call
 
     gateway.TESSERA_USAGE_SINK = "billing.services.usage_record_ingest"
     await db_call(price_create, model="fake-model", input_per_mtok=Decimal("0"), cached_input_per_mtok=Decimal("0"),

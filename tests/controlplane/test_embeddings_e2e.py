@@ -179,7 +179,7 @@ async def _send_as_dead_runner(batch_id: str, line) -> None:
     """What a runner does for a line up to the moment it would mark it answered."""
     from django.http import HttpRequest
 
-    from controlplane.asyncdb import db_call
+    from common.asyncdb import db_call
     from controlplane.batches import principal as batch_principal
     from controlplane.batches.lines import line_ledger_key
     from controlplane.batches.models import Batch

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 from controlplane.gateway import parsing
 
 

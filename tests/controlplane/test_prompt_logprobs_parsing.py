@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 from controlplane.gateway.parsing import parse
 
 BASE = {"model": "m", "prompt": "Once upon a time", "max_tokens": 0}

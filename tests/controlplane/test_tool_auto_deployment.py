@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from common.errors import ApplicationError
 from controlplane.deployments import services
-from controlplane.errors import ApplicationError
 from tests.controlplane.deployments.test_worker_agent import agent, spec  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.django_db

@@ -8,7 +8,7 @@ import pytest
 import redis
 from django.test import AsyncClient
 
-from controlplane.asyncdb import db_call
+from common.asyncdb import db_call
 from controlplane.gateway import usage_queue
 
 from . import sink

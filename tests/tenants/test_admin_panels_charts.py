@@ -1,4 +1,4 @@
-"""controlplane/admin_charts.py: pure data → SVG string, every text escaped, well-formed XML."""
+"""common/admin_charts.py: pure data → SVG string, every text escaped, well-formed XML."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from itertools import pairwise
 
 import pytest
 
-from controlplane.admin_charts import Series, _nice_ceiling, bar_chart, line_chart
+from common.admin_charts import Series, _nice_ceiling, bar_chart, line_chart
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 from tenants import auth, services
 from tenants.keys import hash_secret
 from tenants.models import APIKey

@@ -13,8 +13,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.pagination import Pages
-from controlplane.renderers import CSVRenderer, JSONLinesRenderer
+from common.pagination import Pages
+from common.renderers import CSVRenderer, JSONLinesRenderer
 from tenants.api.permissions import IsFinance, IsOperator
 from tenants.api.views import TenantScopedView
 from tenants.selectors import tenant_id_by_id_or_slug

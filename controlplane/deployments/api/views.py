@@ -9,7 +9,7 @@ from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from controlplane.pagination import Pages
+from common.pagination import Pages
 from tenants.api.operator_views import OperatorView
 from tenants.api.views import TenantScopedView
 
@@ -18,7 +18,7 @@ from . import serializers as s
 
 
 class Paged:
-    """A list answered one page (controlplane/pagination.py) at a time. APIView ignores `pagination_class`,
+    """A list answered one page (common/pagination.py) at a time. APIView ignores `pagination_class`,
     but drf-spectacular reads it: without it the schema called these lists bare arrays, which
     generated clients and schemathesis' response check (and its links from a list to its items) read
     wrong. The page envelope and `limit`/`offset` are now in the schema."""
@@ -134,7 +134,7 @@ class ReplicaRetryView(OperatorView):
         deployment = selectors.deployment_get(name=name)
         replica = deployment.replicas.filter(pk=replica_id).first()
         if replica is None:
-            from controlplane.errors import NotFound
+            from common.errors import NotFound
 
             raise NotFound(f"No replica {replica_id} in {name!r}.")
         return Response(s.ReplicaSerializer(services.replica_retry(replica=replica)).data)

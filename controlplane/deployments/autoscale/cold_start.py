@@ -20,8 +20,8 @@ from __future__ import annotations
 import logging
 import time
 
-from controlplane.asyncdb import db_call
-from controlplane.errors import ApplicationError
+from common.asyncdb import db_call
+from common.errors import ApplicationError
 
 from .. import conf
 

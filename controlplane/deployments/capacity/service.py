@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from django.utils import timezone
 
 from billing.services.worker_rates import worker_rate_at
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 from tenants.models import Tier
 
 from ..models import Deployment, LoadCurve

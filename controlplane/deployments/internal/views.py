@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 
 from .. import selectors, services
 from ..models import ReplicaStatus, Worker, name_validator

@@ -8,8 +8,8 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError
 
+from common.errors import ApplicationError
 from controlplane import audit
-from controlplane.errors import ApplicationError
 
 from .. import adapter_store, dispatch
 from ..models import (

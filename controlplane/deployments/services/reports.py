@@ -9,7 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.costs.classes import worker_class_of
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 
 from .. import adapter_store, conf, dispatch
 from ..capacity.curve import LoadCurve as ParsedCurve

@@ -8,8 +8,8 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from common.errors import ApplicationError
 from controlplane import audit
-from controlplane.errors import ApplicationError
 
 from .. import dispatch
 from ..models import ACTIVE_REPLICA_STATUSES, Replica, ReplicaStatus, Worker, WorkerStatus

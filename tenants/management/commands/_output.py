@@ -6,7 +6,7 @@ import json
 
 from django.core.management.base import CommandError
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 from tenants.models import APIKey, Tenant
 
 

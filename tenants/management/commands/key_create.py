@@ -3,7 +3,7 @@ from datetime import timedelta
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 from tenants import selectors, services
 
 from ._output import dump, fail, key_json

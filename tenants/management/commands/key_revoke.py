@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 from tenants import services
 from tenants.models import APIKey
 

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 from tenants import selectors, services
 
 from ._output import dump, fail, tenant_json

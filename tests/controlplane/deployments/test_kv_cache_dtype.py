@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from common.errors import ApplicationError
 from controlplane.deployments import selectors, services
-from controlplane.errors import ApplicationError
 
 pytestmark = pytest.mark.django_db
 

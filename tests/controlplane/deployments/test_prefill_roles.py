@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from common.errors import ApplicationError
 from controlplane.deployments import reconciler, selectors, services
 from controlplane.deployments.models import Replica
-from controlplane.errors import ApplicationError
 
 pytestmark = pytest.mark.django_db
 ARGS = {"kv_offload_size": "1GiB"}

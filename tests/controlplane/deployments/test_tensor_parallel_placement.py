@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from common.errors import ApplicationError
 from controlplane.deployments import reconciler, selectors, services
 from controlplane.deployments.dispatch import LOAD_MODEL
 from controlplane.deployments.models import Replica, Worker
-from controlplane.errors import ApplicationError
 
 pytestmark = pytest.mark.django_db
 

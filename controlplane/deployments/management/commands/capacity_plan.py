@@ -11,7 +11,7 @@ from decimal import Decimal
 
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.errors import ApplicationError
+from common.errors import ApplicationError
 
 from ...capacity.service import capacity_plan, targets_for
 

@@ -12,10 +12,10 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError
 
+from common.errors import ApplicationError
 from controlplane.deployments import selectors, services
 from controlplane.deployments.api.serializers import DeploymentSerializer
 from controlplane.deployments.models import Model, ReplicaStatus
-from controlplane.errors import ApplicationError
 
 
 class Command(BaseCommand):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from common.errors import ApplicationError
 from controlplane.deployments import selectors, services
-from controlplane.errors import ApplicationError
 
 
 class Command(BaseCommand):

@@ -2,7 +2,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.client_ip import normalize
+from common.client_ip import normalize
 from controlplane.doors import lockout
 
 

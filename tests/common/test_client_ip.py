@@ -1,9 +1,9 @@
-"""controlplane.client_ip: the address lockout and throttling count under, from Django and from ASGI."""
+"""common.client_ip: the address lockout and throttling count under, from Django and from ASGI."""
 
 import pytest
 from django.test import RequestFactory
 
-from controlplane.client_ip import client_ip, client_ip_from_scope, normalize
+from common.client_ip import client_ip, client_ip_from_scope, normalize
 
 
 def _request(remote="10.0.0.9", xff=None):
