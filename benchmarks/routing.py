@@ -5,7 +5,7 @@
 
 Starts `--workers` SmolLM2-135M workers (one torch thread each, a small KV cache so they cannot all
 hold every tenant's prefix) and drives them with the gateway's own routing code
-(controlplane.gateway.workers.Registry.pick and prefix_routing, the registry polling /ready for
+(controlplane.gateway.routing.workers.Registry.pick and prefix_routing, the registry polling /ready for
 queue depths) from this process, without the rest of the gateway (auth, limits, metering: the
 same for every policy, and CPU this 2-core host cannot spare).
 
@@ -100,7 +100,7 @@ def workload(args: argparse.Namespace) -> tuple[list[str], list[Conversation]]:
 async def one_request(client: httpx.AsyncClient, registry, salt: str, messages: list[dict], max_tokens: int,
                       began: float) -> tuple[Result | None, str]:
     from controlplane.gateway.parsing import affinity_key, parse
-    from controlplane.gateway.prefix_routing import prefix_key, prompt_text
+    from controlplane.gateway.routing.prefix_routing import prefix_key, prompt_text
 
     body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
             "stream_options": {"include_usage": True}, "ignore_eos": True}
@@ -129,7 +129,7 @@ async def run_phase(policy: str, tag: str, urls: list[str], systems: list[str], 
                     args: argparse.Namespace) -> tuple[list[Result], float]:
     """One pass of the schedule under `policy`; `tag` goes into the salts, so no pass finds another's
     blocks cached."""
-    from controlplane.gateway.workers import Registry
+    from controlplane.gateway.routing.workers import Registry
 
     registry = Registry(urls)
     registry.policy = policy

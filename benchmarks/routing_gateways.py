@@ -2,7 +2,7 @@
 
 Each gateway is a uvicorn process serving controlplane.asgi (auth, the Redis limiter, routing,
 metering), all in front of the same real workers, sharing one SQLite database (tenants, keys, ledger)
-and one Redis namespace: the shared routing table (controlplane/gateway/shared_prefixes.py) is on,
+and one Redis namespace: the shared routing table (controlplane/gateway/routing/shared_prefixes.py) is on,
 as it is by default when REDIS_URL is set. The client sends each request to the next gateway in turn
 (round-robin, a load balancer with no affinity), so with N gateways a tenant's next turn reaches
 another gateway than its last one (N-1)/N of the time. `--unshared` adds a pass through the most

@@ -44,8 +44,9 @@ def _freeze_heap() -> None:
 
 
 async def _shutdown() -> None:
-    from controlplane.gateway import accounting, upstream
-    from controlplane.gateway.workers import get_registry
+    from controlplane.gateway import upstream
+    from controlplane.gateway.routing.workers import get_registry
+    from controlplane.gateway.usage import accounting
 
     await get_registry().stop()
     await accounting.drain()

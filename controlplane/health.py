@@ -7,7 +7,7 @@ that can serve it:
 - Redis, when the limiter or the usage queue uses it: required (limits are refused without it).
 - PostgreSQL: `ok`, or, while it does not answer, `degraded` (200) as long as the gateway can serve
   from memory: keys from the last lookups (TESSERA_AUTH_STALE_SECONDS > 0), limits in Redis, and
-  usage into a spool with room (controlplane/gateway/spool.py). Taking every gateway out of the load
+  usage into a spool with room (controlplane/gateway/usage/spool.py). Taking every gateway out of the load
   balancer during a database blink would turn it into a full outage; the management API and the
   admin answer 503 meanwhile (controlplane/unavailable.py). With the database limiter, or a full
   spool, a database outage is `not_ready`.
@@ -57,7 +57,7 @@ def spool_state() -> str:
     """`ok` when this process's usage spool can take usage, else why not."""
     import os
 
-    from controlplane.gateway.spool import directory_state
+    from controlplane.gateway.usage.spool import directory_state
 
     directory = settings.TESSERA_USAGE_SPOOL_DIR
     try:

@@ -25,9 +25,10 @@ import time
 
 from common.asyncdb import db_call
 from common.errors import ApplicationError
-from controlplane.gateway import accounting, upstream
+from controlplane.gateway import upstream
 from controlplane.gateway.dependencies import dependency_of
-from controlplane.gateway.workers import get_registry
+from controlplane.gateway.routing.workers import get_registry
+from controlplane.gateway.usage import accounting
 
 from . import conf, lines, output, principal, quota
 from .finalize import batch_finalize
@@ -61,7 +62,7 @@ def _recover_sync(line: BatchLine):
 
 
 async def _release(row, actual_tokens: int) -> None:
-    from controlplane.gateway.sweeper import _limits
+    from controlplane.gateway.usage.sweeper import _limits
     from tenants.limits import Settlement, get_limiter
 
     limits = await db_call(_limits, row.tenant_id)

@@ -32,8 +32,9 @@ from django.http import HttpRequest
 
 from common.asyncdb import db_call
 from common.errors import ApplicationError
-from controlplane.gateway import accounting, proxy
+from controlplane.gateway import proxy
 from controlplane.gateway.dependencies import dependency_of
+from controlplane.gateway.usage import accounting
 
 from . import conf, lines, output
 from .models import Batch, BatchLine

@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from common.asyncdb import db_call
 from common.errors import ApplicationError
 from controlplane.gateway import params, proxy
-from controlplane.gateway.responses import error_response, json_response
+from controlplane.gateway.error_bodies import error_response, json_response
 from controlplane.gateway.views import openai_endpoint
 
 from . import files, services

@@ -7,7 +7,7 @@ class DeploymentsConfig(AppConfig):
     verbose_name = "Deployments"
 
     def ready(self) -> None:
-        from controlplane.gateway.workers import install_registry
+        from controlplane.gateway.routing.workers import install_registry
 
         from . import metrics
         from .routing import DeploymentRegistry

@@ -1,7 +1,7 @@
 """The gateway's worker registry from the control plane's database (replaces the static list).
 
 Implements the gateway's `Registry` interface; DeploymentsConfig.ready installs it, and
-`controlplane.gateway.workers.get_registry()` builds it when TESSERA_WORKERS is empty (the default). Every TESSERA_WORKER_POLL_SECONDS each gateway process reads the routing table
+`controlplane.gateway.routing.workers.get_registry()` builds it when TESSERA_WORKERS is empty (the default). Every TESSERA_WORKER_POLL_SECONDS each gateway process reads the routing table
 (`selectors.routing_table`: ready replicas and ready adapter placements on ready, heartbeating
 workers) instead of polling workers itself; `outstanding` counts survive refreshes because the
 same `Worker` objects are kept per URL. A worker the gateway failed to reach stays out of its
@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from common.asyncdb import db_call
-from controlplane.gateway.workers import ModelTarget, Registry, Worker
+from controlplane.gateway.routing.workers import ModelTarget, Registry, Worker
 
 from . import selectors
 from .autoscale.cold_start import Waker

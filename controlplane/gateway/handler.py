@@ -48,7 +48,7 @@ METERED = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v
 
 
 async def _send_error(send, exc: ApplicationError) -> None:
-    from .proxy import new_request_id
+    from controlplane.gateway.proxy import new_request_id
 
     await bodylimit.send_json(send, exc.status, exc.openai_body(), {**exc.headers, "x-request-id": new_request_id()})
 
@@ -67,9 +67,8 @@ async def _authenticate_before_reading(scope, length: int | None) -> None:
     """Refuse (ApplicationError) a request whose key cannot be valid, without reading its body: its
     shape always, the key itself for a large or chunked body. The view authenticates again (from the
     process cache when it is on)."""
+    from controlplane.gateway.proxy import principal_for
     from tenants import auth_throttle
-
-    from .proxy import principal_for
 
     header = _authorization(scope)
     await auth_throttle.guarded(client_ip_from_scope(scope), header, principal_for,
@@ -127,7 +126,7 @@ class GatewayHandler(ASGIHandler):
             return
         kind = METERED.get(scope["path"]) if scope["method"] == "POST" else None
         if kind is not None:
-            from .proxy import remembered_refusal
+            from controlplane.gateway.proxy import remembered_refusal
 
             refused = await remembered_refusal(_authorization(scope), body, kind)
             if refused is not None:

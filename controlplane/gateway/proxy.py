@@ -27,20 +27,21 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from common.client_ip import client_ip
 from common.errors import ApplicationError
+from controlplane.gateway import outages, parsing, upstream
+from controlplane.gateway.error_bodies import error_response, ratelimit_headers, refusal
+from controlplane.gateway.routing import admission
+from controlplane.gateway.routing.prefix_routing import prefix_key, prompt_text
+from controlplane.gateway.routing.workers import ModelTarget, Worker, get_registry, visible_to
+from controlplane.gateway.server_timing import ServerTiming
+from controlplane.gateway.sse import StreamMeter, usage_counts
+from controlplane.gateway.usage import accounting, journal, renewal, usage_writer, worker_usage
+from controlplane.gateway.usage.accounting import Meter
+from controlplane.gateway.usage.worker_usage import WorkerCounts
 from controlplane.slo import content_log
 from controlplane.slo import metrics as slo_metrics
 from tenants import auth, auth_throttle
 from tenants.auth import KeyPrincipal
 from tenants.limits import LimitPlan, get_limiter, period_start, refusals
-
-from . import accounting, admission, journal, outages, parsing, renewal, upstream, usage_writer, worker_usage
-from .accounting import Meter
-from .prefix_routing import prefix_key, prompt_text
-from .responses import error_response, ratelimit_headers, refusal
-from .server_timing import ServerTiming
-from .sse import StreamMeter, usage_counts
-from .worker_usage import WorkerCounts
-from .workers import ModelTarget, Worker, get_registry, visible_to
 
 log = logging.getLogger("tessera.gateway")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from .worker_usage import WorkerCounts, counts_from
+from controlplane.gateway.usage.worker_usage import WorkerCounts, counts_from
 
 ACCOUNTING_LINE = b": usage "
 _TERMINATORS = (b"\n\n", b"\r\n\r\n")

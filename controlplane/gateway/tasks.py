@@ -7,7 +7,8 @@ import asyncio
 from celery import shared_task
 from django.db import DatabaseError
 
-from . import sweeper, upstream
+from controlplane.gateway import upstream
+from controlplane.gateway.usage import sweeper
 
 
 async def _sweep_once() -> dict[str, int]:
@@ -28,6 +29,6 @@ def usage_sweep() -> dict[str, int]:
              retry_backoff_max=300, max_retries=5)
 def responses_prune() -> int:
     """Stored Responses API answers past retention (reads already skip them; this frees the rows)."""
-    from .responses_store import stored_responses_prune
+    from controlplane.gateway.responses.responses_store import stored_responses_prune
 
     return stored_responses_prune()

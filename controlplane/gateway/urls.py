@@ -1,6 +1,7 @@
 from django.urls import include, path
 
-from . import responses_api, views
+from controlplane.gateway import views
+from controlplane.gateway.responses import responses_api
 
 app_name = "gateway"
 

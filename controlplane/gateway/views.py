@@ -21,10 +21,9 @@ from django.views.decorators.csrf import csrf_exempt
 
 from common.errors import ApplicationError
 from controlplane import bodylimit
-
-from . import outages, proxy
-from .responses import error_response, json_response
-from .workers import get_registry, visible_to
+from controlplane.gateway import outages, proxy
+from controlplane.gateway.error_bodies import error_response, json_response
+from controlplane.gateway.routing.workers import get_registry, visible_to
 
 _STARTED = int(time.time())
 log = logging.getLogger("tessera.gateway")

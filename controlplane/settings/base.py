@@ -195,14 +195,14 @@ TESSERA_WORKERS = os.environ.get("TESSERA_WORKERS", "")
 TESSERA_WORKER_TOKEN = os.environ.get("TESSERA_WORKER_TOKEN", "")
 # Seconds between polls of each worker's /ready and /v1/models.
 TESSERA_WORKER_POLL_SECONDS = float(os.environ.get("TESSERA_WORKER_POLL_SECONDS", "2"))
-# How the gateway picks among ready workers (controlplane/gateway/workers.py): cache_aware (the longest
+# How the gateway picks among ready workers (controlplane/gateway/routing/workers.py): cache_aware (the longest
 # tenant-salted prefix it sent there recently, against load), affinity, least_loaded or round_robin.
 TESSERA_ROUTING_POLICY = os.environ.get("TESSERA_ROUTING_POLICY", "cache_aware")
 # cache_aware's memory of one worker's cache, in 128-character chunks (~32 tokens): size it like the
 # workers' KV caches (the default: 256 MiB of SmolLM2-135M cache) so it forgets what they evict.
 TESSERA_ROUTING_CACHE_CHUNKS = int(os.environ.get("TESSERA_ROUTING_CACHE_CHUNKS", "360"))
 # cache_aware's table shared by every gateway process through Redis (REDIS_URL; salted chunk hashes
-# only, controlplane/gateway/shared_prefixes.py): on by default when REDIS_URL is set ("0" turns it off).
+# only, controlplane/gateway/routing/shared_prefixes.py): on by default when REDIS_URL is set ("0" turns it off).
 TESSERA_ROUTING_SHARED = os.environ.get("TESSERA_ROUTING_SHARED", "1" if REDIS_URL else "0") == "1"
 # The longest a request waits for the shared table before routing on this gateway's own one.
 TESSERA_ROUTING_SHARED_TIMEOUT_SECONDS = float(os.environ.get("TESSERA_ROUTING_SHARED_TIMEOUT_SECONDS", "0.05"))
@@ -228,7 +228,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = TESSERA_MAX_REQUEST_BYTES
 # Where usage events go (dotted path to a callable taking event=UsageEvent).
 TESSERA_USAGE_SINK = os.environ.get("TESSERA_USAGE_SINK", "billing.services.usage_record_ingest")
 # "inline": each gateway process writes the ledger from a background thread (batched).
-# "redis": the gateway RPUSHes events; `manage.py usage_consume` writes them (see gateway/usage_queue.py).
+# "redis": the gateway RPUSHes events; `manage.py usage_consume` writes them (see gateway/usage/usage_queue.py).
 TESSERA_USAGE_QUEUE = os.environ.get("TESSERA_USAGE_QUEUE", "inline")
 # Limiter backend: "redis" when REDIS_URL is set, else "database".
 TESSERA_LIMITER = os.environ.get("TESSERA_LIMITER", "redis" if REDIS_URL else "database")
@@ -238,7 +238,7 @@ TESSERA_REDIS_PREFIX = os.environ.get("TESSERA_REDIS_PREFIX", "tsr")
 TESSERA_REDIS_TIMEOUT_SECONDS = float(os.environ.get("TESSERA_REDIS_TIMEOUT_SECONDS", "2"))
 # A request counts toward concurrency for at most this long if its gateway dies before settling.
 TESSERA_RESERVATION_TTL_SECONDS = int(os.environ.get("TESSERA_RESERVATION_TTL_SECONDS", "900"))
-# The usage sweeper (controlplane/gateway/sweeper.py, beat every minute): journal rows older than
+# The usage sweeper (controlplane/gateway/usage/sweeper.py, beat every minute): journal rows older than
 # MIN_AGE belong to a dead gateway; a request no worker knows is billed at its reservation after GIVE_UP.
 TESSERA_USAGE_SWEEP_MIN_AGE_SECONDS = float(os.environ.get("TESSERA_USAGE_SWEEP_MIN_AGE_SECONDS", "60"))
 TESSERA_USAGE_SWEEP_GIVE_UP_SECONDS = float(

@@ -72,7 +72,7 @@ class WorkerHealthCollector(Collector):
     """Per worker, as this gateway sees it: ready, requests in flight, engine queue from its last poll."""
 
     def collect(self) -> Iterator[Metric]:
-        from controlplane.gateway.workers import get_registry
+        from controlplane.gateway.routing.workers import get_registry
 
         up = GaugeMetricFamily("tessera_gateway_worker_up", "1 when the worker answered /ready with 200", labels=["worker"])
         out = GaugeMetricFamily("tessera_gateway_worker_outstanding", "Requests this gateway has in flight there",

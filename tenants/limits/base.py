@@ -5,7 +5,7 @@ Algorithm (both backends):
   limit/60 per second); a request takes 1 request and `tokens` = prompt estimate + max completion.
 - concurrency counts admitted, unsettled requests (each expires after the reservation TTL so a
   crashed gateway cannot leak a slot forever). A gateway renews the reservations of the requests it
-  is still serving (`renew`, controlplane/gateway/renewal.py), so a request that outlives the TTL (a
+  is still serving (`renew`, controlplane/gateway/usage/renewal.py), so a request that outlives the TTL (a
   long stream) keeps its slot, and its settlement still finds the reservation to apply to.
 - monthly token and spend budgets are counters per calendar month (UTC) that include in-flight
   reservations: a request is admitted under a hard budget only if used + reserved + its estimate fits.

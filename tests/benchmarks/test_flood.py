@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.flood import _reason
-from controlplane.gateway.responses import refusal
+from controlplane.gateway.error_bodies import refusal
 from tenants.limits import Decision, WindowState
 
 

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db
 
 
 def test_the_worker_survives_the_usage_queue_and_the_spool(make_event):
-    from controlplane.gateway import spool, usage_queue
+    from controlplane.gateway.usage import spool, usage_queue
 
     event = make_event(worker_url="http://w1:8000")
     assert usage_queue.loads(usage_queue.dumps(event)).worker_url == "http://w1:8000"
@@ -53,8 +53,8 @@ def test_the_gateway_meter_names_its_worker_in_the_usage_event(monkeypatch):
     import time
     from types import SimpleNamespace
 
-    from controlplane.gateway import accounting
-    from controlplane.gateway.workers import ModelTarget
+    from controlplane.gateway.routing.workers import ModelTarget
+    from controlplane.gateway.usage import accounting
 
     events = []
 

@@ -39,7 +39,7 @@ async def _settle_accounting():
     database is flushed: a straggler would otherwise write through the default (billing) sink while
     the flush truncates its tables, and the flush fails."""
     yield
-    from controlplane.gateway import accounting
+    from controlplane.gateway.usage import accounting
 
     await accounting.drain()
 
@@ -47,8 +47,8 @@ async def _settle_accounting():
 @pytest.fixture
 def gateway(settings, workers, transactional_db, _settle_accounting):
     """Settings for a gateway in front of the fake workers, with the database limiter."""
-    from controlplane.gateway import accounting
-    from controlplane.gateway import workers as registry_module
+    from controlplane.gateway.routing import workers as registry_module
+    from controlplane.gateway.usage import accounting
     from tenants import auth
     from tenants.limits import reset_limiter
 
@@ -102,7 +102,7 @@ def tenant_key(gateway):
 
 @pytest.fixture
 async def drain():
-    from controlplane.gateway import accounting
+    from controlplane.gateway.usage import accounting
 
     return accounting.drain
 

@@ -287,7 +287,7 @@ def test_deleting_a_tenant_deletes_its_files_and_their_bytes(client_for, files_d
 ])
 def test_room_follows_what_online_traffic_leaves(gateway, waiting, running, outstanding, room):
     from controlplane.batches.runner import room as batch_room
-    from controlplane.gateway.workers import ModelTarget, get_registry
+    from controlplane.gateway.routing.workers import ModelTarget, get_registry
 
     registry = get_registry()
     worker, other = registry.workers

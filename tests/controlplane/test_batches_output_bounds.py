@@ -287,8 +287,9 @@ def _answered_by_a_dead_runner(batch_id: str, count: int, billed_lost: int = 0) 
     from controlplane.batches.models import Batch
     from controlplane.batches.send import send
     from controlplane.batches.services import batch_validate
-    from controlplane.gateway import accounting, upstream
-    from controlplane.gateway.workers import get_registry
+    from controlplane.gateway import upstream
+    from controlplane.gateway.routing.workers import get_registry
+    from controlplane.gateway.usage import accounting
 
     batch_validate(batch_id=batch_id)
     batch = Batch.objects.get(pk=batch_id)

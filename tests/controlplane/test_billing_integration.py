@@ -14,7 +14,7 @@ async def test_each_request_lands_once_in_the_ledger(gateway, tenant_key, drain)
     from billing.models import UsageRecord
     from billing.services.usage import usage_record_ingest
     from common.asyncdb import db_call
-    from controlplane.gateway import usage_writer
+    from controlplane.gateway.usage import usage_writer
 
     gateway.TESSERA_USAGE_SINK = "billing.services.usage_record_ingest"
     tenant, secret = await tenant_key()

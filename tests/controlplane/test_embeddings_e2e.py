@@ -183,7 +183,8 @@ async def _send_as_dead_runner(batch_id: str, line) -> None:
     from controlplane.batches import principal as batch_principal
     from controlplane.batches.lines import line_ledger_key
     from controlplane.batches.models import Batch
-    from controlplane.gateway import accounting, proxy
+    from controlplane.gateway import proxy
+    from controlplane.gateway.usage import accounting
 
     batch = await db_call(Batch.objects.get, pk=batch_id)
     principal = await batch_principal.current(await db_call(batch_principal.key_hash_of, batch.api_key_id))

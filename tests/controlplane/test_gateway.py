@@ -243,14 +243,14 @@ async def test_no_ready_worker_is_503_and_releases(gateway, tenant_key, workers,
     assert sink.EVENTS[0].status == "error"
     for worker in workers:
         worker.ready = True
-    from controlplane.gateway.workers import get_registry
+    from controlplane.gateway.routing.workers import get_registry
 
     await get_registry().refresh()
     assert (await post(AsyncClient(), secret, CHAT)).status_code == 200
 
 
 async def test_connection_failure_before_first_byte_retries_another_worker(gateway, tenant_key, workers, drain):
-    from controlplane.gateway.workers import Worker, get_registry
+    from controlplane.gateway.routing.workers import Worker, get_registry
 
     _, secret = await tenant_key()
     registry = get_registry()

@@ -44,7 +44,7 @@ async def test_a_weight_workers_would_refuse_cannot_be_stored(gateway, tenant_ke
 async def test_the_worker_hears_the_prefill_worker_the_routing_table_names(gateway, tenant_key, workers, drain):
     """Disaggregated serving: the gateway names a deployment's prefill replica to the serving worker it picks
     (controlplane/deployments/selectors.routing_table sets Worker.prefill); a client cannot name one."""
-    from controlplane.gateway.workers import get_registry
+    from controlplane.gateway.routing.workers import get_registry
 
     _, secret = await tenant_key()
     smuggled = await AsyncClient().post("/v1/chat/completions", data=CHAT_JSON, content_type="application/json",

@@ -151,8 +151,8 @@ def test_a_settlement_redis_missed_is_made_by_the_sweeper(blinking_redis, live_g
     import signal
     import threading
 
-    from controlplane.gateway import sweeper
     from controlplane.gateway.models import InflightRequest
+    from controlplane.gateway.usage import sweeper
     from tenants.limits import get_limiter, period_start
 
     from . import sink

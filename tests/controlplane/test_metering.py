@@ -11,8 +11,8 @@ import httpx
 import pytest
 from asgiref.sync import sync_to_async
 
-from controlplane.gateway import journal, sweeper, usage_writer
 from controlplane.gateway.models import InflightRequest
+from controlplane.gateway.usage import journal, sweeper, usage_writer
 
 from . import sink
 from .fake_worker import CACHED_TOKENS, PROMPT_TOKENS
@@ -128,7 +128,7 @@ async def test_no_journal_no_service(gateway, tenant_key, workers, monkeypatch, 
     its journal row) is refused (503), never sent to a worker."""
     from django.test import AsyncClient
 
-    from controlplane.gateway.spool import SpoolFull
+    from controlplane.gateway.usage.spool import SpoolFull
 
     async def down(admission):
         raise SpoolFull(28, "usage spool is full")
@@ -270,7 +270,7 @@ async def test_group_commit_fails_only_the_journal_row_that_cannot_be_written(ga
     from django.db import IntegrityError
 
     from billing.events import UsageEvent
-    from controlplane.gateway import usage_writer
+    from controlplane.gateway.usage import usage_writer
     from tenants.limits import period_start
 
     tenant, _ = await tenant_key()
@@ -295,7 +295,7 @@ async def test_metrics_show_the_journal_and_the_alert_rules_name_real_series(gat
     import yaml
     from django.test import AsyncClient
 
-    from controlplane.gateway.journal_metrics import JOURNAL_COLLECTOR
+    from controlplane.gateway.usage.journal_metrics import JOURNAL_COLLECTOR
 
     tenant, _ = await tenant_key(max_concurrent_requests=5)
     await orphan(tenant, workers[0].url, "req_fresh")

@@ -6,8 +6,14 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane.gateway.prefix_routing import CHUNK_CHARS, PrefixTable, choose, prefix_key, prompt_text
-from controlplane.gateway.workers import ModelTarget, Registry, Worker
+from controlplane.gateway.routing.prefix_routing import (
+    CHUNK_CHARS,
+    PrefixTable,
+    choose,
+    prefix_key,
+    prompt_text,
+)
+from controlplane.gateway.routing.workers import ModelTarget, Registry, Worker
 
 SYSTEM = "You are the support assistant of a bicycle shop. " * 40  # ~2000 characters
 

@@ -16,9 +16,9 @@ import pytest
 import redis
 from django.test import AsyncClient
 
-from controlplane.gateway import shared_prefixes
-from controlplane.gateway.prefix_routing import prefix_key, prompt_text
-from controlplane.gateway.workers import ModelTarget, Registry
+from controlplane.gateway.routing import shared_prefixes
+from controlplane.gateway.routing.prefix_routing import prefix_key, prompt_text
+from controlplane.gateway.routing.workers import ModelTarget, Registry
 from tests.throwaway_services import throwaway_redis  # noqa: F401 (fixture, by request.getfixturevalue)
 
 pytestmark = pytest.mark.redis
@@ -204,7 +204,7 @@ async def send(workers, secret: str, text: str) -> tuple[int, int, float]:
 async def test_the_gateway_answers_every_request_while_redis_is_killed(gateway, tenant_key, workers, drain,
                                                                       request) -> None:
     """The real request path (auth, database limiter, proxy): Redis killed under it costs no request."""
-    from controlplane.gateway import workers as registry_module
+    from controlplane.gateway.routing import workers as registry_module
 
     server = request.getfixturevalue("throwaway_redis")
     gateway.TESSERA_ROUTING_POLICY = "cache_aware"

@@ -1,6 +1,6 @@
 """A stream held open longer than the reservation TTL keeps its concurrency seat while it runs, and its
 settlement still applies: the gateway renews the reservations of the requests it is serving
-(controlplane/gateway/renewal.py). The TTL is shortened to 2 s; the stream lasts about 6 s."""
+(controlplane/gateway/usage/renewal.py). The TTL is shortened to 2 s; the stream lasts about 6 s."""
 
 from __future__ import annotations
 

@@ -266,7 +266,7 @@ def test_store_is_refused_while_the_database_is_known_down(client_for, tenant_ke
 
 
 def test_a_failed_store_still_delivers_and_says_so(client_for, tenant_key, workers, monkeypatch):
-    from controlplane.gateway import responses_store
+    from controlplane.gateway.responses import responses_store
 
     def broken(**kwargs):
         raise RuntimeError("database went away")
@@ -301,7 +301,7 @@ def test_a_client_that_leaves_mid_stream_is_billed_what_was_generated(live_gatew
 def test_the_hourly_prune_task_deletes_only_what_is_past_retention(tenant_key, gateway):
     from controlplane.gateway import tasks
     from controlplane.gateway.models import StoredResponse
-    from controlplane.gateway.responses_store import PRUNE_BATCH
+    from controlplane.gateway.responses.responses_store import PRUNE_BATCH
 
     tenant, _ = tenant_key.sync()
     now = dt.datetime.now(dt.UTC)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from controlplane.gateway import responses_render as render
+from controlplane.gateway.responses import responses_render as render
 
 
 def response() -> dict:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from controlplane.gateway.responses import duration
+from controlplane.gateway.error_bodies import duration
+from controlplane.gateway.routing.workers import ModelTarget, Registry
 from controlplane.gateway.sse import StreamMeter
-from controlplane.gateway.workers import ModelTarget, Registry
 
 MODEL = {"m": ModelTarget("m", "m", None)}
 

@@ -9,7 +9,7 @@ import redis
 from django.test import AsyncClient
 
 from common.asyncdb import db_call
-from controlplane.gateway import usage_queue
+from controlplane.gateway.usage import usage_queue
 
 from . import sink
 

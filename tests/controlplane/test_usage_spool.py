@@ -1,5 +1,5 @@
 """The usage spool: what the usage path writes while the database does not answer, replayed in order and
-idempotently once it does (controlplane/gateway/spool.py, usage_writer.py)."""
+idempotently once it does (controlplane/gateway/usage/spool.py, usage_writer.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from billing.events import UsageEvent
-from controlplane.gateway import journal, spool, usage_writer
 from controlplane.gateway.models import InflightRequest
+from controlplane.gateway.usage import journal, spool, usage_writer
 
 from . import sink
 
@@ -177,7 +177,7 @@ def test_metrics_show_the_spool_and_the_alert_rules_name_them(client, settings, 
 
     import yaml
 
-    from controlplane.gateway.spool_metrics import SPOOL_COLLECTOR
+    from controlplane.gateway.usage.spool_metrics import SPOOL_COLLECTOR
 
     settings.TESSERA_USAGE_SPOOL_DIR = tmp_path / "spool"
     box = spool.Spool(tmp_path / "spool", 1 << 20)

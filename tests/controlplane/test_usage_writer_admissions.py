@@ -1,6 +1,6 @@
 """A request waits for its journal row, not for the ledger writes batched with it: the usage writer
 commits a batch's journal rows in a transaction of their own and releases their requests before it
-writes the batch's usage events (controlplane/gateway/usage_writer.py)."""
+writes the batch's usage events (controlplane/gateway/usage/usage_writer.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import threading
 import pytest
 from asgiref.sync import sync_to_async
 
-from controlplane.gateway import spool, usage_writer
 from controlplane.gateway.models import InflightRequest
+from controlplane.gateway.usage import spool, usage_writer
 
 from . import sink
 from .test_usage_spool import admission, event

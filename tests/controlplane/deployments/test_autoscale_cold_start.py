@@ -21,7 +21,7 @@ def auth(secret: str) -> dict:
 
 @pytest.fixture
 def registry_gateway(gateway, workers):
-    from controlplane.gateway import workers as registry_module
+    from controlplane.gateway.routing import workers as registry_module
 
     gateway.TESSERA_WORKERS = ""  # the deployments registry, not a static list
     gateway.TESSERA_AUTOSCALE_COLD_START_RETRY_SECONDS = 7
@@ -65,7 +65,7 @@ def desired() -> tuple[int, list[dict]]:
 async def test_a_request_at_zero_is_refused_with_retry_after_and_wakes_the_deployment_once(
         registry_gateway, workers, drain, monkeypatch):
     from controlplane.deployments import dispatch
-    from controlplane.gateway.workers import get_registry
+    from controlplane.gateway.routing.workers import get_registry
 
     monkeypatch.setattr(dispatch, "send", lambda *args, **kwargs: None)  # no broker; the reconciler runs below
     setup = await sync_to_async(setup_at_zero)(workers[0].url)

@@ -4,7 +4,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from controlplane.deployments.routing import DeploymentRegistry
-from controlplane.gateway import workers
+from controlplane.gateway.routing import workers
 
 
 @pytest.fixture

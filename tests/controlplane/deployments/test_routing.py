@@ -43,7 +43,7 @@ def setup_registry(worker_urls: list[str]) -> dict:
 
 @pytest.fixture
 def registry_gateway(gateway, workers):
-    from controlplane.gateway import workers as registry_module
+    from controlplane.gateway.routing import workers as registry_module
 
     gateway.TESSERA_WORKERS = ""  # the deployments registry, not a static list
     registry_module._registry = None
@@ -57,7 +57,7 @@ async def models_of(client: AsyncClient, secret: str) -> list[str]:
 
 
 async def test_routes_come_from_the_registry_and_adapters_stay_with_their_tenant(registry_gateway, workers, drain):
-    from controlplane.gateway.workers import get_registry
+    from controlplane.gateway.routing.workers import get_registry
 
     setup = await sync_to_async(setup_registry)([w.url for w in workers])
     client = AsyncClient()
@@ -82,7 +82,7 @@ async def test_routes_come_from_the_registry_and_adapters_stay_with_their_tenant
 
 
 async def test_an_unreachable_worker_stays_out_of_rotation_until_the_registry_drops_it(registry_gateway, workers):
-    from controlplane.gateway.workers import get_registry
+    from controlplane.gateway.routing.workers import get_registry
 
     await sync_to_async(setup_registry)([w.url for w in workers])
     registry = get_registry()

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from django.test import AsyncClient
 
-from controlplane.gateway import admission
+from controlplane.gateway.routing import admission
 from dataplane.worker.config import WorkerConfig
 
 from .. import sink
@@ -34,7 +34,7 @@ def test_depth_table():
 
 @pytest.mark.django_db(transaction=True)
 async def test_free_is_shed_with_retry_after_while_premium_is_admitted(gateway, tenant_key, drain):
-    from controlplane.gateway.workers import get_registry
+    from controlplane.gateway.routing.workers import get_registry
     from controlplane.slo import metrics
 
     gateway.TESSERA_WORKER_POLL_SECONDS = 3600  # keep the queue figures this test sets

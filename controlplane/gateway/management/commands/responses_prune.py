@@ -2,7 +2,7 @@
 
 from django.core.management.base import BaseCommand
 
-from controlplane.gateway.responses_store import stored_responses_prune
+from controlplane.gateway.responses.responses_store import stored_responses_prune
 
 
 class Command(BaseCommand):

@@ -2,7 +2,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils.module_loading import import_string
 
-from controlplane.gateway import usage_queue
+from controlplane.gateway.usage import usage_queue
 
 
 class Command(BaseCommand):

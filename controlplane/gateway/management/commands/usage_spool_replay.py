@@ -3,7 +3,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.gateway import spool
+from controlplane.gateway.usage import spool
 
 
 class Command(BaseCommand):

@@ -2,7 +2,8 @@ import asyncio
 
 from django.core.management.base import BaseCommand
 
-from controlplane.gateway import sweeper, upstream
+from controlplane.gateway import upstream
+from controlplane.gateway.usage import sweeper
 
 
 class Command(BaseCommand):

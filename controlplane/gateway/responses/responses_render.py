@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from .sse import usage_counts
+from controlplane.gateway.sse import usage_counts
 
 
 def item_id(prefix: str) -> str:

@@ -28,14 +28,14 @@ from django.utils.module_loading import import_string
 
 from billing.events import UsageEvent
 from common.asyncdb import db_call
+from controlplane.gateway import outages
+from controlplane.gateway.routing.workers import ModelTarget
+from controlplane.gateway.usage import journal, renewal, usage_queue, usage_writer
+from controlplane.gateway.usage.worker_usage import WorkerCounts
 from controlplane.slo import metrics as slo_metrics
 from tenants.auth import KeyPrincipal
 from tenants.limits import BudgetSeed, LimitPlan, Settlement, get_limiter
 from tenants.limits.base import to_nano
-
-from . import journal, outages, renewal, usage_queue, usage_writer
-from .worker_usage import WorkerCounts
-from .workers import ModelTarget
 
 log = logging.getLogger("tessera.gateway")
 
@@ -132,8 +132,7 @@ async def reservation_spend_nano(*, target: ModelTarget, tier: str, prompt_estim
 
 def _budget_seed(tenant_id: int, period: dt.date, with_spend: bool) -> BudgetSeed:
     from billing.models import UsageRecord
-
-    from .models import InflightRequest
+    from controlplane.gateway.models import InflightRequest
 
     start = dt.datetime(period.year, period.month, 1, tzinfo=dt.UTC)
     end = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)  # requests that started this month, to now

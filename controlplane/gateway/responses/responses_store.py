@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from .models import StoredResponse
+from controlplane.gateway.models import StoredResponse
 
 PRUNE_BATCH = 1000  # rows per delete, so a large backlog never holds one long transaction
 

@@ -30,8 +30,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from common.errors import ApplicationError
-
-from . import prefix_routing, shared_prefixes, upstream
+from controlplane.gateway import upstream
+from controlplane.gateway.routing import prefix_routing, shared_prefixes
 
 log = logging.getLogger("tessera.gateway")
 

@@ -15,8 +15,7 @@ from __future__ import annotations
 from django.conf import settings
 
 from common.errors import ApplicationError
-
-from .workers import Registry, Worker
+from controlplane.gateway.routing.workers import Registry, Worker
 
 
 def parse_depths(raw: str) -> list[tuple[int, int]]:

@@ -28,7 +28,7 @@ SERVED_FROM_MEMORY = Counter("tessera_gateway_served_from_memory_total",
 class SpoolCollector(CachedCollector):
     @staticmethod
     def _families() -> list[Metric]:
-        from .spool import directory_state
+        from controlplane.gateway.usage.spool import directory_state
 
         state = directory_state(settings.TESSERA_USAGE_SPOOL_DIR)
         size = GaugeMetricFamily("tessera_usage_spool_bytes", "Bytes of usage waiting in this host's spool "

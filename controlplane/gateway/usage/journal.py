@@ -40,7 +40,7 @@ class Admission:
 def insert(admissions: list[Admission], *, ignore_conflicts: bool = False) -> None:
     """Write journal rows (the usage writer's thread, inside its batch transaction; a spool replay
     with `ignore_conflicts`, since a replay may be a second one)."""
-    from .models import InflightRequest
+    from controlplane.gateway.models import InflightRequest
 
     if not admissions:
         return
@@ -53,14 +53,14 @@ def insert(admissions: list[Admission], *, ignore_conflicts: bool = False) -> No
 
 
 def move_sync(request_id: str, worker_url: str) -> None:
-    from .models import InflightRequest
+    from controlplane.gateway.models import InflightRequest
 
     InflightRequest.objects.filter(request_id=request_id).update(worker_url=worker_url)
 
 
 def forget(request_ids: Iterable[str]) -> int:
     """Delete the journal rows of requests whose usage is now in the ledger (call inside its transaction)."""
-    from .models import InflightRequest
+    from controlplane.gateway.models import InflightRequest
 
     ids = list(request_ids)
     if not ids:
@@ -75,7 +75,7 @@ async def forget_async(request_ids: Iterable[str]) -> int:
 
 
 def mark_unsettled_sync(request_id: str, prompt: int, cached: int, completion: int) -> int:
-    from .models import InflightRequest
+    from controlplane.gateway.models import InflightRequest
 
     return InflightRequest.objects.filter(request_id=request_id).update(
         unsettled_prompt_tokens=prompt, unsettled_cached_tokens=cached, unsettled_completion_tokens=completion)

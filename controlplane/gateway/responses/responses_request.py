@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from .parsing import MAX_TOKENS_LIMIT, content_parts, invalid, json_object, type_error
+from controlplane.gateway.parsing import MAX_TOKENS_LIMIT, content_parts, invalid, json_object, type_error
 
 # Accepted only at the value that means "nothing special": anything else is refused, naming the field.
 NEUTRAL = {

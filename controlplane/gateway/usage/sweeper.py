@@ -31,12 +31,11 @@ from django.utils.module_loading import import_string
 
 from billing.events import UsageEvent
 from common.asyncdb import db_call
+from controlplane.gateway.models import InflightRequest
+from controlplane.gateway.routing.workers import ModelTarget
+from controlplane.gateway.usage import accounting, worker_usage
+from controlplane.gateway.usage.worker_usage import WorkerCounts
 from tenants.limits import Settlement, get_limiter
-
-from . import accounting, worker_usage
-from .models import InflightRequest
-from .worker_usage import WorkerCounts
-from .workers import ModelTarget
 
 log = logging.getLogger("tessera.gateway")
 BATCH = 500

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import httpx
 
-from . import upstream
+from controlplane.gateway import upstream
 
 log = logging.getLogger("tessera.gateway")
 

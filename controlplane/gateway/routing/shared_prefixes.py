@@ -41,7 +41,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from prometheus_client import Counter, Gauge
 
-from .prefix_routing import PrefixKey
+from controlplane.gateway.routing.prefix_routing import PrefixKey
 
 log = logging.getLogger("tessera.gateway")
 

@@ -22,11 +22,11 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from common.asyncdb import db_call
 from common.errors import ApplicationError
-
-from . import outages, params, proxy, responses_render, responses_store
-from .responses import error_response, json_response
-from .responses_request import ResponsesRequest, parse
-from .views import openai_endpoint
+from controlplane.gateway import outages, params, proxy
+from controlplane.gateway.error_bodies import error_response, json_response
+from controlplane.gateway.responses import responses_render, responses_store
+from controlplane.gateway.responses.responses_request import ResponsesRequest, parse
+from controlplane.gateway.views import openai_endpoint
 
 log = logging.getLogger("tessera.gateway")
 

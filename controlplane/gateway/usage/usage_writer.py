@@ -35,9 +35,20 @@ from collections.abc import Callable
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, transaction
 
-from . import journal, outages, spool_metrics
-from .dependencies import dependency_of
-from .spool import ADMIT, EVENT, MOVED, UNSETTLED, Moved, Spool, SpoolFull, Unsettled, replay_abandoned
+from controlplane.gateway import outages
+from controlplane.gateway.dependencies import dependency_of
+from controlplane.gateway.usage import journal, spool_metrics
+from controlplane.gateway.usage.spool import (
+    ADMIT,
+    EVENT,
+    MOVED,
+    UNSETTLED,
+    Moved,
+    Spool,
+    SpoolFull,
+    Unsettled,
+    replay_abandoned,
+)
 
 log = logging.getLogger("tessera.gateway")
 

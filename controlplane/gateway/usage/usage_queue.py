@@ -29,8 +29,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, transaction
 
 from billing.events import UsageEvent
-
-from . import journal
+from controlplane.gateway.usage import journal
 
 log = logging.getLogger("tessera.gateway")
 

@@ -70,8 +70,7 @@ def _encode(kind: str, item) -> bytes:
 
 def _decode(line: bytes):
     from billing.events import UsageEvent
-
-    from .journal import Admission
+    from controlplane.gateway.usage.journal import Admission
 
     record = orjson.loads(line)
     kind, value = record["k"], record["v"]
@@ -246,8 +245,8 @@ def _apply_chunk(path: Path, records: list, finished: set[str], owed: set[str]) 
     from django.db import transaction
     from django.utils.module_loading import import_string
 
-    from . import journal
-    from .dependencies import dependency_of
+    from controlplane.gateway.dependencies import dependency_of
+    from controlplane.gateway.usage import journal
 
     sink = import_string(settings.TESSERA_USAGE_SINK)
 

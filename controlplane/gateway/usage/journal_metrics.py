@@ -19,7 +19,7 @@ from controlplane.slo.metrics import CachedCollector
 
 
 def journal_state(now: dt.datetime | None = None) -> dict[str, float]:
-    from .models import InflightRequest
+    from controlplane.gateway.models import InflightRequest
 
     now = now or dt.datetime.now(dt.UTC)
     cutoff = now - dt.timedelta(seconds=settings.TESSERA_USAGE_SWEEP_MIN_AGE_SECONDS)
