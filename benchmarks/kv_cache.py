@@ -15,7 +15,7 @@
    prefilled once per cache, then windows of `--decode-steps` decode steps timed on the engine's
    default CPU path (the C++ decode attention), the caches' windows interleaved, `--rounds` each
    after a first untimed one; the median.
-4. Quality: the KV cache's gate (dataplane/quant/gate.py, kv_fp8): perplexity on held-out text,
+4. Quality: the KV cache's gate (dataplane/quantize/gate.py, kv_fp8): perplexity on held-out text,
    teacher-forced greedy agreement and the token log-probabilities' difference (target: perplexity
    within 1%).
 """
@@ -33,7 +33,7 @@ from dataplane import LLM, SamplingParams
 from dataplane.config import SchedulerConfig, parse_bytes, resolve_dtype
 from dataplane.kv_cache.manager import KVCacheManager
 from dataplane.models.loader import load_model
-from dataplane.quant.gate import quality_gate
+from dataplane.quantize.gate import quality_gate
 from dataplane.request import Request
 from dataplane.scheduler.output import ModelRunnerOutput
 from dataplane.scheduler.scheduler import Scheduler

@@ -8,7 +8,7 @@ are timed with process_time (CPU time of this process: the two cores are shared,
 for another user's process is not our cost); TESSERA_BENCH_THREADS threads (default 1, see
 docs/kernels.md). Variants are measured interleaved, round after round, and the median is
 reported, so drift on the machine hits them all alike. Perplexity on the held-out
-dataplane/quant/data/eval.txt and teacher-forced greedy agreement with bf16 come from the quality
+dataplane/quantize/data/eval.txt and teacher-forced greedy agreement with bf16 come from the quality
 gate's functions; the gate's verdict with default thresholds is printed beside each.
 
 Without --awq / --awq-qk / --fp8 the checkpoints are made with `python -m dataplane.quantize`'s
@@ -32,8 +32,8 @@ from dataplane.config import CacheConfig, ModelConfig, SchedulerConfig
 from dataplane.engine.core import EngineCore
 from dataplane.models.disk_cache import cache_dir
 from dataplane.models.loader import LoadedModel, load_model
-from dataplane.quant.eval import greedy_agreement, greedy_continuations, perplexity
-from dataplane.quant.gate import EVAL_TEXT, PROMPTS, thresholds_for
+from dataplane.quantize.eval import greedy_agreement, greedy_continuations, perplexity
+from dataplane.quantize.gate import EVAL_TEXT, PROMPTS, thresholds_for
 
 MODEL = "smollm2-135m-instruct"
 PROMPT_LEN = 64
@@ -47,7 +47,7 @@ def checkpoint(method: str, given: str | None, **options: object) -> Path:
     tag = "-".join(f"{k}={'+'.join(v) if isinstance(v, tuple) else v}" for k, v in sorted(options.items()))
     out = cache_dir("quant") / f"{MODEL}-{method}{'-' + tag if tag else ''}"
     if not (out / "config.json").exists():
-        from dataplane.quantize import quantize
+        from dataplane.quantize.make import quantize
 
         print(f"quantizing {MODEL} with {method} {options} into {out} (once)")
         quantize(method, MODEL, out, **options)  # type: ignore[arg-type]

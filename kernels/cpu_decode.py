@@ -40,7 +40,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def rope_write_kv(qkv: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Tensor, key_cache: torch.Tensor,
                   value_cache: torch.Tensor, slots: torch.Tensor, heads: int, kv_heads: int
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """models.layers.Rotary.rotate then runner.attention.write_kv in one call: q [T, H, D] and k [T, Hkv, D]
+    """models.layers.Rotary.rotate then models.attention.write_kv in one call: q [T, H, D] and k [T, Hkv, D]
     rotated (adjacent pairs, angles cos_sin [max_pos, D/2, 2] float32) from qkv [T, (H + 2 Hkv) D], and
     k and v stored at `slots` of the caches (float32 or bf16, qkv's dtype)."""
     mod = extension()

@@ -16,12 +16,13 @@ from tests.test_import_cycles import import_graph
 LAYERS: list[tuple[str, ...]] = [
     ("jsonlog", "kernels"),
     # plain data and settings every layer of the data plane reads
-    ("dataplane.config", "dataplane.cpu_features", "dataplane.sampling_params", "dataplane.request",
+    ("dataplane.config", "dataplane.cpu_features", "dataplane.sampling_params", "dataplane.request", "dataplane.errors",
      "dataplane.outputs", "dataplane.stats", "dataplane.spec_decode.config", "dataplane.structured.params",
      "dataplane.scheduler.output"),  # the dataclasses that are the scheduler's contract with the runner
-    ("dataplane.models", "dataplane.quant", "dataplane.lora", "dataplane.distributed", "dataplane.quantize"),
+    ("dataplane.models", "dataplane.quant", "dataplane.lora", "dataplane.distributed"),
     ("dataplane.runner", "dataplane.sampling", "dataplane.structured", "dataplane.spec_decode"),
     ("dataplane.engine", "dataplane.scheduler", "dataplane.kv_cache", "dataplane"),
+    ("dataplane.quantize",),  # the tools that make and gate quantized checkpoints: the gate runs the engine
     ("dataplane.worker",),
     # the control plane's ground floor: errors, async ORM calls, client address, renderers; and the audit
     # log's writer and models, which every app's services call (its API, export command and the role
@@ -41,20 +42,6 @@ ALLOWED: set[tuple[str, str]] = {
     ("controlplane.localstack", "dataplane.models.registry"),
     # the quantization methods' names, to validate a setting (a lazy import of a list)
     ("dataplane.config", "dataplane.quant.checkpoint"),
-    # paged attention and its metadata live with the runner; the model's layers call them. Moving
-    # runner/attention.py beside the model (models/) unties all four
-    ("dataplane.models.llama", "dataplane.runner.attention"),
-    ("dataplane.models.fused_decode", "dataplane.runner.attention"),
-    ("dataplane.models.compiled_decode", "dataplane.runner.attention"),
-    ("dataplane.distributed.follower", "dataplane.runner.attention"),
-    # the quality gate's measures (quant/eval.py) run the engine: a tool, not a runtime layer; splitting
-    # quant's runtime layers from its tools unties both
-    ("dataplane.quant.eval", "dataplane.engine.llm"),
-    ("dataplane.quant.eval", "dataplane.runner.attention"),
-    # the LoRA manager asks the scheduler which adapters are in use; a grammar compile that is refused
-    # raises the scheduler's QueueFullError (an error type that belongs in a lower module)
-    ("dataplane.lora.manager", "dataplane.scheduler.scheduler"),
-    ("dataplane.structured.compile_process", "dataplane.scheduler.scheduler"),
     # a tenant's admin page shows its SLO status and the platform's (an admin panel composing two apps);
     # the key-guessing throttle counts its refusals on the SLO registry that /metrics serves
     ("tenants.admin_panels", "controlplane.slo.selectors"),

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.kernels._harness import HIDDEN, Report, measure, write
+from dataplane.models.attention import write_kv
 from dataplane.models.layers import Rotary
-from dataplane.runner.attention import write_kv
 from kernels import cpu_decode, gguf_cpu, gguf_layout
 from kernels.reference import gguf_q4_1_linear_ref, gguf_q8_0_linear_ref, paged_decode_attention_ref
 

@@ -2,7 +2,7 @@
 contiguous KV (vs the kernel on CUDA).
 
 SDPA on contiguous KV is the floor a paged layout pays to approach: no gather at all. The engine's
-CPU path (dataplane.runner.attention) is timed as layers 2..N of a step see it: its gather
+CPU path (dataplane.models.attention) is timed as layers 2..N of a step see it: its gather
 workspace already allocated by the first layer.
 """
 
@@ -21,7 +21,7 @@ from benchmarks.kernels._harness import (
     triton_timed,
     write,
 )
-from dataplane.runner.attention import AttentionMetadata, build_decode_groups, paged_attention
+from dataplane.models.attention import AttentionMetadata, build_decode_groups, paged_attention
 from kernels.reference import paged_decode_attention_ref
 
 BLOCK_SIZE = 16

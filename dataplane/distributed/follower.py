@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from dataplane.config import ModelConfig
 from dataplane.distributed.group import RankInfo, init_group, move
-from dataplane.runner.attention import AttentionMetadata, allocate_kv_cache
+from dataplane.models.attention import AttentionMetadata, allocate_kv_cache
 
 # Followers wait for the next step as long as the engine idles; the parent watchdog ends them.
 FOLLOWER_TIMEOUT_S = 365 * 24 * 3600.0

@@ -30,6 +30,7 @@ from dataplane.engine.load_curve import measure_load_curve
 from dataplane.engine.output_processor import OutputProcessor
 from dataplane.engine.passing_thread import in_passing_thread
 from dataplane.engine.warmup import WarmupReport, warm_up
+from dataplane.errors import QueueFullError
 from dataplane.lora.manager import AdapterInfo, LoRAStats
 from dataplane.models.loader import LoadedModel
 from dataplane.outputs import RequestOutput
@@ -37,7 +38,6 @@ from dataplane.request import RequestStatus
 from dataplane.sampling_params import SamplingParams
 from dataplane.scheduler.fairness import assign_tenant
 from dataplane.scheduler.output import EngineCoreOutput
-from dataplane.scheduler.scheduler import QueueFullError
 from dataplane.spec_decode.config import SpeculativeConfig
 from dataplane.stats import SchedulerStats
 from dataplane.structured.backend import DEFAULT_COMPILE_TIMEOUT

@@ -9,13 +9,22 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from dataplane.config import LoRAConfig
 from dataplane.lora.adapter import LoRAAdapter, check_name, load_adapter
 from dataplane.lora.registry import AdapterRegistry, adapter_name
 from dataplane.lora.runtime import LoRARuntime
 from dataplane.models.llama import LlamaModel
-from dataplane.scheduler.scheduler import Scheduler
+
+
+class AdapterUse(Protocol):
+    """What the manager asks of the scheduler, which owns the queues (dataplane/scheduler/scheduler.py): the
+    manager stands below it and never reads a queue itself."""
+
+    def adapter_in_use(self, key: str) -> bool: ...
+
+    def adapters_by_queue(self) -> tuple[list[str], list[str]]: ...
 
 
 @dataclass(slots=True)
@@ -40,7 +49,7 @@ class LoRAStats:
 
 
 class LoRAManager:
-    def __init__(self, config: LoRAConfig, model: LlamaModel, scheduler: Scheduler) -> None:
+    def __init__(self, config: LoRAConfig, model: LlamaModel, scheduler: AdapterUse) -> None:
         self.config = config
         self.args = model.args
         self.dtype = model.dtype

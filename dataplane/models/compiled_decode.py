@@ -24,8 +24,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from dataplane.models.attention import write_kv
+
 if TYPE_CHECKING:
-    from dataplane.runner.attention import AttentionMetadata
+    from dataplane.models.attention import AttentionMetadata
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +52,6 @@ def _(x: torch.Tensor, key: int) -> torch.Tensor:
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, model: int, layer: int) -> torch.Tensor:
     # Writes this step's K/V into the layer's cache, then attends: the cache is the step's state,
     # not the graph's (the graph's order of calls keeps layer i's write before its read).
-    from dataplane.runner.attention import write_kv
-
     attention, meta, kv_caches, scale = _STEPS[model]
     key_cache, value_cache = kv_caches[layer]
     write_kv(key_cache, value_cache, k, v, meta.slot_mapping)

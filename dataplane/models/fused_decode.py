@@ -22,8 +22,8 @@ from dataplane.quant.gguf import GgufLinear
 from kernels import gguf_cpu
 
 if TYPE_CHECKING:
+    from dataplane.models.attention import AttentionMetadata
     from dataplane.models.config import LlamaArgs
-    from dataplane.runner.attention import AttentionMetadata
 
 
 class DecoderModel(Protocol):

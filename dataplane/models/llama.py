@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from dataplane.models.config import LlamaArgs
-from dataplane.models.layers import Linear, NeoxRotary, Rotary, rms_norm, silu_and_mul
-from dataplane.runner.attention import (
+from dataplane.models.attention import (
     AttentionMetadata,
     paged_attention,
     paged_attention_cpu,
     paged_attention_kernels,
     write_kv,
 )
+from dataplane.models.config import LlamaArgs
+from dataplane.models.layers import Linear, NeoxRotary, Rotary, rms_norm, silu_and_mul
 from kernels import cpu_decode, dispatch, kv_fp8
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ Q8_0 embedding, which is also its tied output head). Loading it dense re-expands
 16 or 32 bits, so a batch-1 decode step, which reads every weight once, streams 3-6x more bytes
 than the file holds. Keeping the blocks as they are costs no weight error at all (the dense model
 *is* these values); the only new error is llama.cpp's: activations rounded to 8 bits in blocks of
-32 inside the kernel, which `python -m dataplane.quant.gate --quantization gguf` measures.
+32 inside the kernel, which `python -m dataplane.quantize.gate --quantization gguf` measures.
 
 The kernel loops over activation rows while a weight row sits in L1, so its work grows with the
 batch while dense GEMMs do not: above `dense_above` rows (prefill chunks, large decode batches) a

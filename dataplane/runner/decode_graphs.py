@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from dataplane.runner.attention import AttentionMetadata, DecodeGroup
+from dataplane.models.attention import AttentionMetadata, DecodeGroup
 
 if TYPE_CHECKING:
     from dataplane.lora.context import LoRAStepContext

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from dataplane.lora.runtime import LoRARuntime
+from dataplane.models.attention import AttentionMetadata, allocate_kv_cache, decode_groups, make_prefill_chunk
 from dataplane.models.llama import LlamaModel
-from dataplane.runner.attention import AttentionMetadata, allocate_kv_cache, decode_groups, make_prefill_chunk
 from dataplane.runner.block_transfer import BlockSink, read_blocks, write_blocks
 from dataplane.runner.decode_graphs import DecodeGraphs
 from dataplane.runner.grammar_masks import GrammarMasks

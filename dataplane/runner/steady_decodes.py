@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dataplane.runner.attention import AttentionMetadata, DecodeGroup
+from dataplane.models.attention import AttentionMetadata, DecodeGroup
 from dataplane.runner.input_batch import InputBatch
 from dataplane.runner.step_inputs import StepInputs
 from dataplane.sampling.sampler import SamplingBatch
@@ -46,7 +46,7 @@ class CpuDecodeInputs:
 class SteadyDecodes:
     def __init__(self, block_size: int, int32: bool) -> None:
         self.block_size = block_size
-        self.int32 = int32  # the kernels take int32 block tables and context lengths (runner/attention.py)
+        self.int32 = int32  # the kernels take int32 block tables and context lengths (models/attention.py)
         self.step: StepInputs | None = None
         self.sampling: SamplingBatch | None = None  # the kept step's, built by the runner on first use
         self.states: list | None = None  # its requests' runner states, listed by the runner on first use

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from dataplane.config import SchedulerConfig
+from dataplane.errors import QueueFullError
 from dataplane.kv_cache.manager import KVCacheManager
 from dataplane.lora.fairness import AdapterAdmission
 from dataplane.request import Request, RequestStatus
@@ -31,10 +32,6 @@ from dataplane.stats import SchedulerStats
 # The ITL guard's timed step budget never cuts a step's prefill below this many tokens: a protected
 # arrival's prompt must still start (a 40-token chat prompt then takes ~10 steps, well within TTFT).
 ITL_GUARD_MIN_PREFILL = 4
-
-
-class QueueFullError(RuntimeError):
-    """The waiting queue is at its configured limit: the caller should back off and retry."""
 
 
 class Scheduler:

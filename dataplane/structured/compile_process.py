@@ -30,7 +30,7 @@ import time
 import weakref
 from pathlib import Path
 
-from dataplane.scheduler.scheduler import QueueFullError
+from dataplane.errors import QueueFullError
 
 _LEN = struct.Struct("!Q")
 _CHILD = Path(__file__).with_name("compile_child.py")

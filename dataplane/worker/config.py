@@ -35,7 +35,7 @@ class WorkerConfig:
     kv_cache_memory: str = "1GiB"
     # auto (the model's dtype) or fp8 (E4M3 with a scale per token and KV head: about twice the blocks in
     # kv_cache_memory; docs/kv_cache.md). A managed worker (the agent) gates fp8 before serving it
-    # (dataplane/quant/gate.py, method kv_fp8); one that loads its model at start-up serves it unchecked
+    # (dataplane/quantize/gate.py, method kv_fp8); one that loads its model at start-up serves it unchecked
     kv_cache_dtype: str = "auto"
     # the prefix cache's second tier (docs/kv_cache.md): bytes of evicted KV blocks kept in host memory, or
     # in kv_offload_dir (a local directory this worker alone uses; emptied of its entries at start), and

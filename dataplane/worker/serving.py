@@ -21,8 +21,8 @@ from pydantic import ValidationError
 from starlette.responses import Response
 
 from dataplane.engine.async_llm import AsyncLLM, EngineDeadError
+from dataplane.errors import QueueFullError
 from dataplane.outputs import RequestOutput
-from dataplane.scheduler.scheduler import QueueFullError
 from dataplane.worker import errors
 from dataplane.worker.adapters import resolve_model
 from dataplane.worker.config import WorkerConfig

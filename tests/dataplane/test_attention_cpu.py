@@ -1,11 +1,11 @@
-"""The engine's CPU attention path (dataplane.runner.attention.paged_attention) against the references."""
+"""The engine's CPU attention path (dataplane.models.attention.paged_attention) against the references."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dataplane.runner.attention import (
+from dataplane.models.attention import (
     AttentionMetadata,
     build_decode_groups,
     make_prefill_chunk,

@@ -9,8 +9,8 @@ import torch
 from dataplane import LLM, SamplingParams
 from dataplane.config import fp16_weights_supported
 from dataplane.models.loader import load_model
-from dataplane.quant.eval import perplexity, prefill_logits
-from dataplane.quant.gate import EVAL_TEXT
+from dataplane.quantize.eval import perplexity, prefill_logits
+from dataplane.quantize.gate import EVAL_TEXT
 from tests.dataplane.conftest import MODEL
 
 pytestmark = [pytest.mark.model,

@@ -1,4 +1,4 @@
-"""The FP8 KV cache on the engine's attention paths (dataplane/runner/attention.py) and in its config."""
+"""The FP8 KV cache on the engine's attention paths (dataplane/models/attention.py) and in its config."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dataplane.config import CacheConfig
-from dataplane.runner.attention import (
+from dataplane.models.attention import (
     AttentionMetadata,
     allocate_kv_cache,
     build_decode_groups,

@@ -2,9 +2,9 @@
 
 import pytest
 
+from dataplane.errors import QueueFullError
 from dataplane.request import RequestStatus
 from dataplane.scheduler.output import ModelRunnerOutput
-from dataplane.scheduler.scheduler import QueueFullError
 from tests.dataplane.helpers import EOS, FakeClock, assert_no_leaks, make_request, make_scheduler, run_step
 
 

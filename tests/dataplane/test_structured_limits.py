@@ -12,7 +12,7 @@ import pytest
 from dataplane import LLM, SamplingParams
 from dataplane.config import CacheConfig, ModelConfig
 from dataplane.engine.async_llm import AsyncLLM
-from dataplane.scheduler.scheduler import QueueFullError
+from dataplane.errors import QueueFullError
 from dataplane.structured.compile_process import CompileBusy, CompilePool, CompileTimeout
 from dataplane.structured.params import StructuredOutputs
 from dataplane.worker.app import WorkerState, create_app

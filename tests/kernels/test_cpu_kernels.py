@@ -212,8 +212,8 @@ def test_rms_norm_matches_torch(rows, n):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_write_kv_is_rotate_then_write_kv(dtype):
+    from dataplane.models.attention import write_kv
     from dataplane.models.layers import Rotary
-    from dataplane.runner.attention import write_kv
 
     gen = torch.Generator().manual_seed(11)
     rot = Rotary(64, 512, 10000.0, 1.0, torch.device("cpu"))

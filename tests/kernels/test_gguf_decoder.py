@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dataplane.models.attention import AttentionMetadata, build_decode_groups, make_prefill_chunk
 from dataplane.models.config import LlamaArgs
 from dataplane.models.fused_decode import FusedGgufDecode
 from dataplane.models.llama import DecoderLayer, LlamaModel
 from dataplane.quant.gguf import GgufLinear
-from dataplane.runner.attention import AttentionMetadata, build_decode_groups, make_prefill_chunk
 from kernels import gguf_cpu, gguf_layout
 
 from .test_cpu_kernels import _q4_1_raw, _q8_0_raw

@@ -103,8 +103,8 @@ def test_cpu_rope_write_kv_stores_fp8_rows_as_write_kv_does(dtype) -> None:
     # returns and of v (the C++ quantization is torch's, bit for bit); its k is Rotary.rotate's within rounding.
     if not cpu_decode.available():
         pytest.skip("no C++ CPU kernels here")
+    from dataplane.models.attention import write_kv
     from dataplane.models.layers import Rotary
-    from dataplane.runner.attention import write_kv
 
     heads, kv_heads, d, tokens = 9, 3, 64, 5
     rot = Rotary(d, 512, 10000.0, 1.0, torch.device("cpu"))

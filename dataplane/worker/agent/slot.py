@@ -188,8 +188,8 @@ class EngineSlot:
         return source
 
     def quality_gate(self, spec: dict, source: str) -> dict | None:
-        """Quantized replicas, and replicas on an FP8 KV cache, serve only after dataplane.quant.gate passes
-        them (when that module exists): the weights' gate, then the cache's."""
+        """Quantized replicas, and replicas on an FP8 KV cache, serve only after dataplane.quantize.gate passes
+        them: the weights' gate, then the cache's."""
         weights = self._weights_gate(spec, source)
         args = {**self.state.config.engine_kwargs(), **(spec.get("engine_args") or {})} \
             if getattr(self.state, "config", None) is not None else dict(spec.get("engine_args") or {})
@@ -204,7 +204,7 @@ class EngineSlot:
         """The model as it will serve (weights' quantization included) with the FP8 cache, against itself
         with the cache in its dtype; a replica that fails it does not load."""
         kv = args["kv_cache_dtype"]
-        from dataplane.quant.gate import quality_gate
+        from dataplane.quantize.gate import quality_gate
 
         method = spec.get("engine_quantization")
         at_load = method if method and source == spec["model"].get("base_source", source) else None
@@ -223,14 +223,11 @@ class EngineSlot:
         method = spec.get("engine_quantization")
         if not method:
             return None
-        try:
-            from dataplane.quant.gate import quality_gate
-        except ImportError:
-            log.warning("quality gate unavailable; the quantized replica serves unchecked", extra={"method": method})
-            return {"skipped": True, "reason": "dataplane.quant.gate is not available in this build"}
+        from dataplane.quantize.gate import quality_gate
+
         baseline = spec["model"]["base_source"]
         kwargs = {}
-        if source == baseline and "quantization" in inspect.signature(quality_gate).parameters:
+        if source == baseline:
             kwargs["quantization"] = method  # a dense checkpoint quantized at load (fp8)
         try:
             report = quality_gate(source, baseline, method, **kwargs)
@@ -284,11 +281,6 @@ class EngineSlot:
 
     @staticmethod
     def _lora_config(spec: dict, args: dict):
-        from dataplane.engine.async_llm import AsyncLLM
-
-        if "lora_config" not in inspect.signature(AsyncLLM.__init__).parameters:
-            raise LoadError("this engine build serves no LoRA adapters (AsyncLLM takes no lora_config); deploy "
-                            "with max_adapters=0", permanent=True)
         from dataplane.config import LoRAConfig
 
         slots = int(spec["max_adapters"])

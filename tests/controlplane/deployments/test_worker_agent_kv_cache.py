@@ -17,9 +17,9 @@ def fake_gate(monkeypatch, verdicts: dict) -> list:
         which = "kv" if kv_cache_dtype != "auto" else "weights"
         return types.SimpleNamespace(passed=verdicts[which], reason=f"{which} perplexity +2%")
 
-    gate = types.ModuleType("dataplane.quant.gate")
+    gate = types.ModuleType("dataplane.quantize.gate")
     gate.quality_gate = quality_gate
-    monkeypatch.setitem(sys.modules, "dataplane.quant.gate", gate)
+    monkeypatch.setitem(sys.modules, "dataplane.quantize.gate", gate)
     return calls
 
 

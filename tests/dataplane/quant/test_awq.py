@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dataplane.quant.awq import (
+from dataplane.quantize.awq import (
     AwqOptions,
     awq_quantize_model,
     fake_quantize,
@@ -15,7 +15,7 @@ from dataplane.quant.awq import (
     search_grid,
     search_scales,
 )
-from dataplane.quant.eval import prefill_logits
+from dataplane.quantize.eval import prefill_logits
 from kernels.awq_layout import awq_dequantize, awq_quantize
 from tests.dataplane.quant.tiny import PROJ, loaded, tiny_args, tiny_tensors
 

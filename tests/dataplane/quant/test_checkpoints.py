@@ -12,8 +12,8 @@ from dataplane.models.layers import Linear
 from dataplane.models.loader import load_model
 from dataplane.quant import Fp8Linear, Int4Linear, Int8Linear
 from dataplane.quant.checkpoint import QuantSpec, resolve_quantization
-from dataplane.quant.eval import prefill_logits
-from dataplane.quant.export import FP8_CONFIG, fp8_tensors, hf_config, write_checkpoint
+from dataplane.quantize.eval import prefill_logits
+from dataplane.quantize.export import FP8_CONFIG, fp8_tensors, hf_config, write_checkpoint
 from kernels.reference import quantize_fp8_per_channel
 from tests.dataplane.quant.tiny import loaded, tiny_args, tiny_tensors, tiny_tokenizer, write_awq_checkpoint
 

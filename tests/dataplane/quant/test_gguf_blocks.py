@@ -8,8 +8,8 @@ import torch
 from dataplane import LLM, SamplingParams
 from dataplane.config import ModelConfig
 from dataplane.models.loader import load_model
-from dataplane.quant.gate import quality_gate
 from dataplane.quant.gguf import GgufLinear
+from dataplane.quantize.gate import quality_gate
 from kernels import cpu_ext
 
 from ..conftest import MODEL, PROMPTS

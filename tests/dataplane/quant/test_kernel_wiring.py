@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from dataplane import LLM, SamplingParams
+from dataplane.models.attention import paged_attention, paged_attention_cpu, paged_attention_kernels
 from dataplane.models.layers import NeoxRotary, Rotary, interleave_rotary_rows
 from dataplane.models.loader import load_model
-from dataplane.quant.eval import prefill_logits
-from dataplane.runner.attention import paged_attention, paged_attention_cpu, paged_attention_kernels
+from dataplane.quantize.eval import prefill_logits
 from tests.dataplane.quant.tiny import loaded, tiny_args, tiny_tensors, write_awq_checkpoint
 
 PROMPTS = [[5, 9, 14, 3, 22, 8, 40, 41, 2, 17, 33], [5, 9, 14, 3, 22, 8, 40, 41, 60], [70, 71]]

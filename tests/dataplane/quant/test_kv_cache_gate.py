@@ -1,11 +1,11 @@
-"""The quality gate on the FP8 KV cache (dataplane/quant/gate.py, method kv_fp8) with the real SmolLM2."""
+"""The quality gate on the FP8 KV cache (dataplane/quantize/gate.py, method kv_fp8) with the real SmolLM2."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dataplane.quant.gate import DEFAULT_THRESHOLDS, main, quality_gate
+from dataplane.quantize.gate import DEFAULT_THRESHOLDS, main, quality_gate
 from kernels import kv_fp8
 from tests.dataplane.conftest import MODEL
 

@@ -16,12 +16,12 @@ from dataplane import LLM, SamplingParams
 from dataplane.models.layers import Linear
 from dataplane.models.loader import load_model
 from dataplane.quant import Int4Linear
-from dataplane.quant.awq import AwqOptions
-from dataplane.quant.eval import perplexity, prefill_logits
-from dataplane.quant.gate import EVAL_TEXT, quality_gate
-from dataplane.quant.gate import main as gate_main
-from dataplane.quantize import main as quantize_main
-from dataplane.quantize import quantize
+from dataplane.quantize.awq import AwqOptions
+from dataplane.quantize.eval import perplexity, prefill_logits
+from dataplane.quantize.gate import EVAL_TEXT, quality_gate
+from dataplane.quantize.gate import main as gate_main
+from dataplane.quantize.make import main as quantize_main
+from dataplane.quantize.make import quantize
 from tests.dataplane.conftest import MODEL
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]

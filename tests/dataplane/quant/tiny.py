@@ -11,7 +11,7 @@ from dataplane.models.config import LlamaArgs
 from dataplane.models.loader import LoadedModel, build_llama
 from dataplane.models.tokenizer import Tokenizer
 from dataplane.quant.checkpoint import QuantSpec
-from dataplane.quant.export import awq_config, hf_config, write_checkpoint
+from dataplane.quantize.export import awq_config, hf_config, write_checkpoint
 from kernels.awq_layout import awq_dequantize, awq_quantize
 
 VOCAB = 96

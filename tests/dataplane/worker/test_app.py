@@ -8,7 +8,7 @@ import httpx
 import orjson
 import pytest
 
-from dataplane.scheduler.scheduler import QueueFullError
+from dataplane.errors import QueueFullError
 from dataplane.worker.app import WorkerState, create_app
 from dataplane.worker.config import WorkerConfig
 

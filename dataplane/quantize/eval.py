@@ -8,8 +8,8 @@
   generations, one early difference does not make every later position differ.
 
 Each takes the KV cache's dtype (`kv_cache_dtype="fp8"`: kernels/kv_fp8.py), so the same measures score
-an FP8 cache against the model's own (dataplane/quant/gate.py's kv_fp8 gate). A prefill reads its
-K/V back rounded through FP8 as decodes read the cache (runner/attention.py), so a prefill's logits are
+an FP8 cache against the model's own (dataplane/quantize/gate.py's kv_fp8 gate). A prefill reads its
+K/V back rounded through FP8 as decodes read the cache (models/attention.py), so a prefill's logits are
 what a decode over that cache would see.
 """
 
@@ -19,9 +19,11 @@ import math
 
 import torch
 
+from dataplane.engine.llm import LLM
+from dataplane.models.attention import AttentionMetadata, allocate_kv_cache, make_prefill_chunk
 from dataplane.models.llama import LlamaModel
 from dataplane.models.loader import LoadedModel
-from dataplane.runner.attention import AttentionMetadata, allocate_kv_cache, make_prefill_chunk
+from dataplane.sampling_params import SamplingParams
 
 BLOCK_SIZE = 16
 
@@ -60,9 +62,6 @@ def perplexity_of(logprobs: torch.Tensor) -> float:
 
 def greedy_continuations(loaded: LoadedModel, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """Greedy continuations (EOS ignored, so every prompt yields `max_tokens`) from the engine."""
-    from dataplane.engine.llm import LLM
-    from dataplane.sampling_params import SamplingParams
-
     llm = LLM(str(loaded.path), preloaded=loaded, kv_cache_memory="64MiB", max_num_batched_tokens=1024)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     return [list(o.token_ids) for o in llm.generate(prompts, params)]

@@ -1,14 +1,14 @@
 """The quality gate a quantized variant passes before it serves traffic.
 
-    python -m dataplane.quant.gate --model DIR --baseline smollm2-135m-instruct [--method awq]
+    python -m dataplane.quantize.gate --model DIR --baseline smollm2-135m-instruct [--method awq]
            [--max-ppl-increase 0.05] [--min-agreement 0.8] [--json]
-    python -m dataplane.quant.gate --model smollm2-135m-instruct --baseline smollm2-135m-instruct \
+    python -m dataplane.quantize.gate --model smollm2-135m-instruct --baseline smollm2-135m-instruct \
            --kv-cache-dtype fp8          # the FP8 KV cache against the model's own cache
 
 Two measures against the unquantized baseline, both through the engine's forward in the same
 dtype (so the only difference is the quantization): perplexity on held-out text
-(dataplane/quant/data/eval.txt, never used for calibration) and teacher-forced greedy agreement
-on a few prompts (dataplane/quant/eval.py). The variant is refused when perplexity rises by
+(dataplane/quantize/data/eval.txt, never used for calibration) and teacher-forced greedy agreement
+on a few prompts (dataplane/quantize/eval.py). The variant is refused when perplexity rises by
 more than the method's threshold (defaults: +1% FP8, int8 and GGUF blocks, +5% int4 / AWQ) or when agreement
 falls below its floor. The deployment flow calls ``quality_gate(candidate_path, baseline,
 method)`` and serves the variant only if ``report.passed``; ``report.reason`` says why not.
@@ -32,7 +32,7 @@ from pathlib import Path
 from dataplane.config import resolve_dtype
 from dataplane.models.loader import LoadedModel, load_model
 from dataplane.quant.checkpoint import METHODS, read_quantization_config
-from dataplane.quant.eval import greedy_agreement, greedy_continuations, perplexity_of, token_logprobs
+from dataplane.quantize.eval import greedy_agreement, greedy_continuations, perplexity_of, token_logprobs
 
 EVAL_TEXT = Path(__file__).resolve().parent / "data" / "eval.txt"
 PROMPTS = [
@@ -164,7 +164,7 @@ def quality_gate(candidate_path: str | Path, baseline: str, method: str | None =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dataplane.quant.gate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m dataplane.quantize.gate", description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="the quantized candidate (directory, or a name with --quantization)")
     parser.add_argument("--baseline", required=True, help="the unquantized model it replaces")
     parser.add_argument("--method", choices=METHODS, help="default: the candidate's quantization_config")

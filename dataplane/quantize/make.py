@@ -5,9 +5,9 @@
     python -m dataplane.quantize --method fp8 --model smollm2-135m-instruct --out DIR
 
 AWQ searches activation-aware scales on a calibration text (default: the repository's
-dataplane/quant/data/calibration.txt) and writes AutoAWQ's GEMM layout; FP8 writes per-channel
+dataplane/quantize/data/calibration.txt) and writes AutoAWQ's GEMM layout; FP8 writes per-channel
 e4m3 weights. Both write config.json with quantization_config, model.safetensors and the
-tokenizer. Load the result with ``LLM(model=DIR)``; check it with ``python -m dataplane.quant.gate``.
+tokenizer. Load the result with ``LLM(model=DIR)``; check it with ``python -m dataplane.quantize.gate``.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import torch
 from dataplane.models.loader import read_weights
 from dataplane.models.registry import resolve_model_path
 from dataplane.models.tokenizer import Tokenizer
-from dataplane.quant.awq import AwqOptions, awq_quantize_model
-from dataplane.quant.export import FP8_CONFIG, awq_config, fp8_tensors, hf_config, write_checkpoint
+from dataplane.quantize.awq import AwqOptions, awq_quantize_model
+from dataplane.quantize.export import FP8_CONFIG, awq_config, fp8_tensors, hf_config, write_checkpoint
 
-DATA = Path(__file__).resolve().parent / "quant" / "data"
+DATA = Path(__file__).resolve().parent / "data"
 CALIBRATION = DATA / "calibration.txt"
 
 
@@ -99,6 +99,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {out} in {time.perf_counter() - t0:.1f} s")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from dataplane.quantize.make import main
+
+sys.exit(main())
