@@ -16,6 +16,9 @@ from dataplane.spec_decode.config import SpeculativeConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 KV_CACHE_DTYPES = ("auto", "fp8")  # CacheConfig.kv_cache_dtype
+# ModelConfig.quantization: the weights' methods quant/checkpoint.py builds layers for (named here, below it,
+# so that a setting is checked without loading the layers)
+QUANTIZATION_METHODS = ("awq", "fp8", "int4", "int8", "gguf")
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
           "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 
@@ -235,11 +238,9 @@ class ModelConfig:
         self.torch_weight_dtype = resolve_weight_dtype(self.weight_dtype, self.dtype, self.torch_dtype, self.device)
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len: must be >= 1, got {self.max_model_len}")
-        from dataplane.quant.checkpoint import METHODS
-
-        if self.quantization is not None and self.quantization not in METHODS:
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization: {self.quantization!r} is not supported; use one of "
-                             f"{', '.join(METHODS)} or None")
+                             f"{', '.join(QUANTIZATION_METHODS)} or None")
         if self.int4_dense_above < 0:
             raise ValueError(f"int4_dense_above: must be >= 0, got {self.int4_dense_above}")
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:

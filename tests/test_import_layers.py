@@ -40,8 +40,6 @@ CONTROL_PLANE = ("common", "controlplane", "tenants", "billing")
 ALLOWED: set[tuple[str, str]] = {
     # `make run`'s launcher finds the model file the worker it starts will load (a path, no engine code)
     ("controlplane.localstack", "dataplane.models.registry"),
-    # the quantization methods' names, to validate a setting (a lazy import of a list)
-    ("dataplane.config", "dataplane.quant.checkpoint"),
     # a tenant's admin page shows its SLO status and the platform's (an admin panel composing two apps);
     # the key-guessing throttle counts its refusals on the SLO registry that /metrics serves
     ("tenants.admin_panels", "controlplane.slo.selectors"),

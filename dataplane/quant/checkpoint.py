@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from dataplane.config import QUANTIZATION_METHODS
 from dataplane.models.layers import Linear, interleave_rotary_rows
 from dataplane.quant.base import LinearLayer
 from dataplane.quant.fp8 import Fp8Linear
@@ -45,7 +46,7 @@ from kernels.awq_layout import awq_pack, awq_unpack
 
 log = logging.getLogger(__name__)
 
-METHODS = ("awq", "fp8", "int4", "int8", "gguf")
+METHODS = QUANTIZATION_METHODS
 CHECKPOINT_METHODS = ("awq", "fp8")  # methods a checkpoint directory can hold
 DEFAULT_INT4_GROUP = 64  # divides SmolLM2's 576 and 1536 (128 does not divide 576)
 

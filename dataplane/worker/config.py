@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
-from dataplane.config import KV_CACHE_DTYPES, CacheConfig, LoRAConfig, parse_bytes
+from dataplane.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS, CacheConfig, LoRAConfig, parse_bytes
 from dataplane.sampling_params import POOLING_TYPES
 from dataplane.spec_decode.config import SpeculativeConfig
 
@@ -163,12 +163,11 @@ class WorkerConfig:
             raise ValueError(f"tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads: must be >= 1, got {self.threads}")
-        from dataplane.quant.checkpoint import METHODS
-
         if self.quantization in ("", "none"):
             self.quantization = None
-        if self.quantization is not None and self.quantization not in METHODS:
-            raise ValueError(f"quantization: {self.quantization!r} is not supported; use one of {', '.join(METHODS)}")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization: {self.quantization!r} is not supported; use one of "
+                             f"{', '.join(QUANTIZATION_METHODS)}")
         if self.int4_dense_above < 0:
             raise ValueError(f"int4_dense_above: must be >= 0, got {self.int4_dense_above}")
         if self.itl_guard_step_tokens is not None and self.itl_guard_step_tokens < 1:
