@@ -3,12 +3,16 @@ a key, lives in tenants/auth.py)."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 from django.db.models import QuerySet
 
+from billing.selectors import tenant_spend
 from common.errors import NotFound
 
 # TenantLimits is defined beside the limiters that consume it (a lower layer); importable from here too.
-from .limits.base import TenantLimits
+from .limits import get_limiter, period_start
+from .limits.base import TenantLimits, from_nano
 from .models import APIKey, BudgetEnforcement, Tenant, Tier
 
 
@@ -73,23 +77,11 @@ def tier_get(*, name: str) -> Tier:
 
 
 def tenant_usage(*, tenant: Tenant) -> dict:
-    """This month's usage as the limiter counts it, and billing's ledger figure when available."""
-    import datetime as dt
-    import importlib
-
-    from .limits import get_limiter, period_start
-    from .limits.base import from_nano
-
+    """This month's usage as the limiter counts it, and the ledger's figure (billed so far)."""
     period = period_start()
     tokens, spend_nano = get_limiter().usage_sync(tenant_id=tenant.pk, period=period)
-    billed = None
-    try:
-        tenant_spend = importlib.import_module("billing.selectors").tenant_spend
-    except (ImportError, AttributeError):
-        tenant_spend = None
-    if tenant_spend is not None:
-        start = dt.datetime(period.year, period.month, 1, tzinfo=dt.UTC)
-        billed = tenant_spend(tenant=tenant, start=start, end=dt.datetime.now(dt.UTC))
+    start = dt.datetime(period.year, period.month, 1, tzinfo=dt.UTC)
+    billed = tenant_spend(tenant=tenant, start=start, end=dt.datetime.now(dt.UTC))
     limits = tenant_limits(tenant=tenant)
     return {
         "period_start": period,

@@ -1,4 +1,6 @@
 from django.apps import AppConfig
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 
 
 class GatewayConfig(AppConfig):
@@ -16,3 +18,10 @@ class GatewayConfig(AppConfig):
         REGISTRY.register(JOURNAL_COLLECTOR)
         REGISTRY.register(SHARED_UP)
         REGISTRY.register(LOCAL_ONLY)
+        # Usage with nowhere to go is refused at start-up, in every process that could write it (the
+        # gateway, Celery, the management commands), not found at the first request's end.
+        from controlplane.gateway.usage.sink import check_usage_sink
+
+        checks.register(check_usage_sink)
+        if problems := check_usage_sink():
+            raise ImproperlyConfigured(problems[0].msg)

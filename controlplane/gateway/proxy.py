@@ -174,17 +174,10 @@ async def reserve(principal: KeyPrincipal, parsed: parsing.ParsedRequest, target
     prompt = reserved_prompt(principal, parsed)
     tokens = reserved_tokens(principal, parsed)
     if principal.limits.monthly_spend_budget is not None:
-        try:
-            spend = await accounting.reservation_spend_nano(
-                target=target, tier=principal.limits.tier, prompt_estimate=prompt,
-                allowance=tokens, at=dt.datetime.now(dt.UTC), batch=batch, embeddings=embeddings,
-            )
-        except ImportError as exc:
-            log.error("cannot enforce a spend budget: %s", exc, extra={"request_id": request_id})
-            raise ApplicationError(
-                "Spend budgets cannot be enforced right now (billing is not available).",
-                code="billing_unavailable", status=503,
-            ) from exc
+        spend = await accounting.reservation_spend_nano(
+            target=target, tier=principal.limits.tier, prompt_estimate=prompt,
+            allowance=tokens, at=dt.datetime.now(dt.UTC), batch=batch, embeddings=embeddings,
+        )
     plan = LimitPlan(principal.tenant_id, request_id, principal.limits, tokens, spend)
     remembered = refusals.recall(plan)  # a tenant out of requests per minute: no limiter round trip
     if remembered is not None:
@@ -202,15 +195,9 @@ async def _ask_limiter(principal: KeyPrincipal, plan: LimitPlan):
     asked_at = time.monotonic()
     decision = await limiter.reserve(plan)
     if decision is None:  # no counter for this month (a new month, or Redis lost it): seed from the ledger
-        try:
-            # Spend is counted only under a spend budget (only then are requests priced at admission).
-            seed = await accounting.budget_seed(principal.tenant_id, period,
-                                                with_spend=principal.limits.monthly_spend_budget is not None)
-        except ImportError as exc:
-            raise ApplicationError(
-                "Budgets cannot be enforced right now (billing is not available).",
-                code="billing_unavailable", status=503,
-            ) from exc
+        # Spend is counted only under a spend budget (only then are requests priced at admission).
+        seed = await accounting.budget_seed(principal.tenant_id, period,
+                                            with_spend=principal.limits.monthly_spend_budget is not None)
         decision = await limiter.reserve(plan, seed=seed)
     if not decision.allowed:
         refusals.remember(plan, decision, asked_at)

@@ -38,6 +38,7 @@ def gated(tmp_path, settings):
     yield writer, gates, entered
     for gate in gates.values():
         gate.set()
+    writer.close()  # its spooled records must not be replayed into a later test's sink
 
 
 async def test_a_journal_row_is_released_before_the_ledger_writes_of_its_batch(gated):
@@ -82,3 +83,12 @@ async def test_rows_and_events_of_one_batch_while_the_database_is_away_are_spool
     kinds = [(kind, item.request_id) for kind, item, _ in spool.read_records(writer.spool.path)]
     assert kinds == [(spool.ADMIT, "req_spooled"), (spool.EVENT, "req_after")]
     assert [e.request_id for e in sink.EVENTS] == ["req_slow_0"]  # nothing overtook the spooled row
+
+
+async def test_close_writes_what_is_queued_then_stops_the_thread(gated):
+    writer, _, _ = gated
+    last = writer.submit(event("req_last"))
+    await asyncio.to_thread(writer.close)
+    assert not writer.thread.is_alive()
+    await asyncio.wait_for(last, 5)
+    assert [e.request_id for e in sink.EVENTS] == ["req_last"]

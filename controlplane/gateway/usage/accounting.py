@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import importlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -24,13 +23,14 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db.models import Exists, OuterRef, Sum
-from django.utils.module_loading import import_string
 
+from billing import selectors as billing_selectors
 from billing.events import UsageEvent
 from common.asyncdb import db_call
 from controlplane.gateway import outages
 from controlplane.gateway.routing.workers import ModelTarget
 from controlplane.gateway.usage import journal, renewal, usage_queue, usage_writer
+from controlplane.gateway.usage.sink import is_async, usage_sink
 from controlplane.gateway.usage.worker_usage import WorkerCounts
 from controlplane.slo import metrics as slo_metrics
 from tenants.auth import KeyPrincipal
@@ -66,17 +66,7 @@ async def drain() -> None:
         await asyncio.gather(*mine, return_exceptions=True)
 
 
-# --- the billing contract (billing/selectors.py, issue 6) -------------------------------------------
-
-
-def billing_selector(name: str):
-    try:
-        return getattr(importlib.import_module("billing.selectors"), name)
-    except (ImportError, AttributeError) as exc:
-        raise ImportError(
-            f"Spend budgets need billing.selectors.{name} (the price book and usage ledger of issue 6), "
-            f"which is not available: {exc}"
-        ) from exc
+# --- prices and the ledger's figures (billing/selectors.py) ---------------------------------------
 
 
 MTOK = 1_000_000
@@ -86,7 +76,7 @@ _rates: dict[tuple, tuple[float, Decimal, Decimal]] = {}
 
 def _rates_per_mtok(*, target: ModelTarget, tier: str, at, batch: bool, embeddings: bool = False
                     ) -> tuple[Decimal, Decimal]:
-    estimate = billing_selector("price_estimate")
+    estimate = billing_selectors.price_estimate
     kwargs = dict(model=target.base, adapter=target.adapter, tier=tier, at=at, batch=batch)
     if embeddings:  # the embeddings price line (billing.models.Price.embedding_input_per_mtok)
         kwargs["embeddings"] = True
@@ -136,8 +126,8 @@ def _budget_seed(tenant_id: int, period: dt.date, with_spend: bool) -> BudgetSee
 
     start = dt.datetime(period.year, period.month, 1, tzinfo=dt.UTC)
     end = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)  # requests that started this month, to now
-    tokens = billing_selector("tenant_tokens")(tenant=tenant_id, start=start, end=end)
-    spend = to_nano(Decimal(billing_selector("tenant_spend")(tenant=tenant_id, start=start, end=end))) if with_spend else 0
+    tokens = billing_selectors.tenant_tokens(tenant=tenant_id, start=start, end=end)
+    spend = to_nano(Decimal(billing_selectors.tenant_spend(tenant=tenant_id, start=start, end=end))) if with_spend else 0
     # Requests admitted but not yet in the ledger hold their reservations: counted at what was reserved.
     billed = UsageRecord.objects.filter(request_id=OuterRef("request_id"))
     inflight = (InflightRequest.objects.filter(tenant_id=tenant_id, period_start=period)
@@ -286,15 +276,8 @@ class Meter:
 
 
 async def record_usage(event: UsageEvent) -> None:
-    try:
-        sink = import_string(settings.TESSERA_USAGE_SINK)
-    except ImportError as exc:
-        log.error(
-            "usage sink %s is not available (billing, issue 6): usage event NOT recorded",
-            settings.TESSERA_USAGE_SINK, extra={"request_id": event.request_id, "event": repr(event), "error": str(exc)},
-        )
-        return
-    if asyncio.iscoroutinefunction(sink):
+    sink = usage_sink()
+    if is_async(sink):
         try:
             await sink(event=event)
             await journal.forget_async([event.request_id])

@@ -241,14 +241,13 @@ def _fsync_dir(directory: Path) -> None:
 def _apply_chunk(path: Path, records: list, finished: set[str], owed: set[str]) -> None:
     """Apply records in one transaction; a record the ledger refuses is dead-lettered, the rest applied.
     Raises when the database is away (nothing of the chunk is applied then)."""
-    from django.conf import settings
     from django.db import transaction
-    from django.utils.module_loading import import_string
 
     from controlplane.gateway.dependencies import dependency_of
     from controlplane.gateway.usage import journal
+    from controlplane.gateway.usage.sink import usage_sink
 
-    sink = import_string(settings.TESSERA_USAGE_SINK)
+    sink = usage_sink()
 
     def apply(chunk) -> None:
         with transaction.atomic():

@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import transaction
-from django.utils.module_loading import import_string
 
 from billing.events import UsageEvent
 from common.asyncdb import db_call
 from controlplane.gateway.models import InflightRequest
 from controlplane.gateway.routing.workers import ModelTarget
 from controlplane.gateway.usage import accounting, worker_usage
+from controlplane.gateway.usage.sink import usage_sink
 from controlplane.gateway.usage.worker_usage import WorkerCounts
 from tenants.limits import Settlement, get_limiter
 
@@ -77,7 +77,7 @@ def _limits(tenant_id: int):
 
 def _write(event: UsageEvent, settled: bool) -> bool:
     """Bill the event (idempotent) and finish the row, or keep it, with the counts, to settle again."""
-    sink = import_string(settings.TESSERA_USAGE_SINK)
+    sink = usage_sink()
     rows = InflightRequest.objects.filter(request_id=event.request_id)
     try:
         with transaction.atomic():

@@ -38,6 +38,7 @@ from django.db import DatabaseError, close_old_connections, transaction
 from controlplane.gateway import outages
 from controlplane.gateway.dependencies import dependency_of
 from controlplane.gateway.usage import journal, spool_metrics
+from controlplane.gateway.usage.sink import is_async, usage_sink
 from controlplane.gateway.usage.spool import (
     ADMIT,
     EVENT,
@@ -68,6 +69,7 @@ class UsageWriter:
         self.spool = Spool(settings.TESSERA_USAGE_SPOOL_DIR, settings.TESSERA_USAGE_SPOOL_MAX_BYTES)
         self._replay_at = 0.0  # monotonic: no replay attempt before (set after a failed one)
         self._abandoned_at = 0.0
+        self._closing = False  # close() was called: stop once the queue is empty
         self.thread = threading.Thread(target=self._run, name="usage-writer", daemon=True)
         self.thread.start()
 
@@ -86,6 +88,12 @@ class UsageWriter:
     def move(self, moved: Moved) -> asyncio.Future:
         """Queue a journal row's new worker (a retry after the first failed to connect), after the row."""
         return self._put(MOVE, moved)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued, then stop the thread (what is spooled stays for the next writer, or any
+        process's replay of a file nobody holds)."""
+        self.queue.put(None)
+        self.thread.join(timeout)
 
     def _put(self, kind: str, item) -> asyncio.Future:
         loop = asyncio.get_running_loop()
@@ -106,6 +114,8 @@ class UsageWriter:
                     batch.append(self.queue.get_nowait())
                 except queue.Empty:
                     break
+            self._closing = self._closing or None in batch
+            batch = [entry for entry in batch if entry is not None]
             close_old_connections()
             try:
                 self._housekeeping()
@@ -120,6 +130,8 @@ class UsageWriter:
                 close_old_connections()
                 for entry in batch:
                     _settle(entry, None)  # no-op for the ones already settled
+            if self._closing and self.queue.empty():
+                return
 
     # --- the spool ---------------------------------------------------------------------------------
 
@@ -290,13 +302,8 @@ def writer_for(sink: Callable[..., object] | None) -> UsageWriter:
 def configured_sink() -> Callable[..., object] | None:
     """The configured ledger sink when it is a plain function (its writer thread takes the journal's
     rows too, so one thread writes everything), else None: a writer for journal rows only."""
-    from django.utils.module_loading import import_string
-
-    try:
-        sink = import_string(settings.TESSERA_USAGE_SINK)
-    except ImportError:
-        return None
-    return None if asyncio.iscoroutinefunction(sink) else sink
+    sink = usage_sink()
+    return None if is_async(sink) else sink
 
 
 async def admit(admission: journal.Admission) -> None:

@@ -1,8 +1,8 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.utils.module_loading import import_string
 
 from controlplane.gateway.usage import usage_queue
+from controlplane.gateway.usage.sink import usage_sink
 
 
 class Command(BaseCommand):
@@ -16,6 +16,5 @@ class Command(BaseCommand):
     def handle(self, *args, name, batch, once, **options):
         if not settings.REDIS_URL:
             raise CommandError("usage_consume needs REDIS_URL")
-        sink = import_string(settings.TESSERA_USAGE_SINK)
-        done = usage_queue.consume(sink=sink, name=name, batch=batch, once=once)
+        done = usage_queue.consume(sink=usage_sink(), name=name, batch=batch, once=once)
         self.stdout.write(f"ingested {done} usage events")
