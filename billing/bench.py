@@ -35,6 +35,7 @@ from billing.events import UsageEvent  # noqa: E402
 from billing.models import Price, UsageRecord  # noqa: E402
 from billing.money import exact_sum, token_cost  # noqa: E402
 from billing.selectors import tenant_spend  # noqa: E402
+from tenants import services as tenant_services  # noqa: E402
 
 MONTH = datetime(2026, 11, 1, tzinfo=UTC)
 
@@ -179,8 +180,6 @@ def main() -> None:
         raise SystemExit("billing.bench needs PostgreSQL")
     db_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
     try:
-        from tenants import services as tenant_services
-
         tier = tenant_services.tier_create(name="bench", priority=5)
         tenants = [tenant_services.tenant_create(tier=tier, name=f"Bench {i}") for i in range(20)]
         key = tenant_services.api_key_create(tenant=tenants[0], name="bench").key

@@ -23,6 +23,7 @@ from django.utils import timezone
 from billing.models import Invoice, InvoiceLine, StripeCustomer, UsageRecord
 from billing.money import to_minor_units
 from controlplane import audit
+from tenants.models import Tenant
 
 logger = logging.getLogger("tessera.billing")
 DEFAULT_METER_EVENT_NAMES = {
@@ -60,8 +61,6 @@ def customer_ensure(*, tenant, client: stripe.StripeClient | None = None) -> str
     existing = StripeCustomer.objects.filter(tenant_id=tenant_id).values_list("stripe_customer_id", flat=True).first()
     if existing:
         return existing
-    from tenants.models import Tenant
-
     tenant_obj = Tenant.objects.get(pk=tenant_id)
     customer = (client or stripe_client()).v1.customers.create(
         params={"name": tenant_obj.name, "metadata": {"tessera_tenant_id": str(tenant_id), "tessera_slug": tenant_obj.slug}},

@@ -17,6 +17,8 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from django.conf import settings
+
 HEADER = "x-forwarded-for"
 META_KEY = "HTTP_X_FORWARDED_FOR"
 
@@ -24,13 +26,8 @@ META_KEY = "HTTP_X_FORWARDED_FOR"
 def trusted_proxy_hops() -> int:
     """TESSERA_TRUSTED_PROXY_HOPS from Django settings when configured, else the environment; never negative."""
     value: Any = None
-    try:
-        from django.conf import settings
-
-        if settings.configured:
-            value = getattr(settings, "TESSERA_TRUSTED_PROXY_HOPS", None)
-    except ImportError:  # pragma: no cover - Django is always installed here
-        pass
+    if settings.configured:
+        value = getattr(settings, "TESSERA_TRUSTED_PROXY_HOPS", None)
     if value is None:
         value = os.environ.get("TESSERA_TRUSTED_PROXY_HOPS", "0")
     try:

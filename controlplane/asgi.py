@@ -9,17 +9,24 @@ first finishes its pending usage accounting and closes its worker pool.
 
 from __future__ import annotations
 
+import gc
 import os
 
+from django.conf import settings
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings.base")
 
 django_application = get_asgi_application()  # sets Django up
 
+from django.urls import get_resolver  # noqa: E402
+
 from controlplane.bodylimit import capped  # noqa: E402  (needs Django set up)
 from controlplane.doors.headers import with_api_headers  # noqa: E402
+from controlplane.gateway import upstream  # noqa: E402
 from controlplane.gateway.handler import GatewayHandler  # noqa: E402
+from controlplane.gateway.routing.workers import get_registry  # noqa: E402
+from controlplane.gateway.usage import accounting  # noqa: E402
 
 management_application = capped(django_application)
 
@@ -31,11 +38,6 @@ def _freeze_heap() -> None:
     cyclic collector's reach. Otherwise each full collection walks all of it: under a flood of refused
     requests a gateway ran one every few seconds, 60-200 ms each on 2 loaded CPUs, and every request in
     flight waited (the premium tenant's TTFT p95 under the flood, benchmarks/gateway.py)."""
-    import gc
-
-    from django.conf import settings
-    from django.urls import get_resolver
-
     if not settings.TESSERA_GC_FREEZE:
         return
     get_resolver().url_patterns  # noqa: B018  (imports the views, hence the gateway, now rather than at the first request)
@@ -44,10 +46,6 @@ def _freeze_heap() -> None:
 
 
 async def _shutdown() -> None:
-    from controlplane.gateway import upstream
-    from controlplane.gateway.routing.workers import get_registry
-    from controlplane.gateway.usage import accounting
-
     await get_registry().stop()
     await accounting.drain()
     await upstream.close()

@@ -15,10 +15,15 @@ that can serve it:
 
 from __future__ import annotations
 
+import os
+
+import redis
 from django.conf import settings
 from django.db import DatabaseError, connections
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
+
+from controlplane.gateway.usage.spool import directory_state
 
 
 def database_ok(alias: str = "default") -> bool:
@@ -36,8 +41,6 @@ def redis_needed() -> bool:
 
 
 def redis_ok() -> bool:
-    import redis
-
     timeout = settings.TESSERA_REDIS_TIMEOUT_SECONDS
     client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=timeout, socket_timeout=timeout)
     try:
@@ -55,10 +58,6 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 def spool_state() -> str:
     """`ok` when this process's usage spool can take usage, else why not."""
-    import os
-
-    from controlplane.gateway.usage.spool import directory_state
-
     directory = settings.TESSERA_USAGE_SPOOL_DIR
     try:
         directory.mkdir(parents=True, exist_ok=True)

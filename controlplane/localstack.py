@@ -33,7 +33,11 @@ import threading
 import time
 from pathlib import Path
 
+import django
 import httpx
+from django.core.management import call_command
+from django.db import close_old_connections
+from django.db.models import Q
 
 ROOT = Path(__file__).resolve().parent.parent
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -162,8 +166,7 @@ def release_previous_workers(worker_id: str, worker_url: str) -> list[str]:
     ready with a heartbeat up to TESSERA_WORKER_DEAD_SECONDS old, and the gateway would route the
     model there until the new worker registers and loads it again.
     """
-    from django.db.models import Q
-
+    # lazy: models, importable only after setup_platform's django.setup() (this launcher starts without Django)
     from controlplane.deployments import services as deployments
     from controlplane.deployments.models import Worker, WorkerStatus
 
@@ -186,6 +189,7 @@ def local_quantization(model_name: str) -> str:
     prefill the same, from the dense copy kept above 8 rows). Its quality gate passes (+0.24 %
     perplexity, docs/deployments.md). A shorter step is also a shorter wait for a paying tenant's
     request that arrives while another tenant's step runs (benchmarks.flood)."""
+    # lazy: models after django.setup(), as above; the data plane's registry (torch) only to name a file
     from controlplane.deployments.models import Deployment
     from dataplane.models.registry import resolve_model_path
 
@@ -202,15 +206,13 @@ def local_quantization(model_name: str) -> str:
 def setup_platform(model_name: str, worker_id: str, worker_url: str) -> tuple[str, str]:
     """Migrate, collect static files, forget the previous run's worker, deploy the model through the
     deployments services, make the demo key -> (key, tenant slug)."""
-    import django
-    from django.core.management import call_command
-
     django.setup()
     call_command("migrate", verbosity=0, interactive=False)
     call_command("collectstatic", verbosity=0, interactive=False)
     released = release_previous_workers(worker_id, worker_url)
     if released:
         print(f"  the previous run's worker {', '.join(released)} is gone: nothing is routed to it", flush=True)
+    # lazy: models, importable only after the django.setup() above
     from controlplane.deployments import services as deployments
     from controlplane.deployments.models import Model
     from tenants import selectors, services
@@ -233,9 +235,7 @@ def setup_platform(model_name: str, worker_id: str, worker_url: str) -> tuple[st
 
 
 def replica_summary(model_name: str) -> str:
-    from django.db import close_old_connections
-
-    from controlplane.deployments.models import Replica
+    from controlplane.deployments.models import Replica  # lazy: models, after django.setup()
 
     close_old_connections()
     rows = Replica.objects.filter(deployment__name=model_name).values_list("status", "reason")

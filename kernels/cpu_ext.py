@@ -67,7 +67,9 @@ def extension() -> ModuleType | None:
     if os.environ.get("TESSERA_CPU_KERNELS", "1") == "0":
         log.info("C++ CPU kernels turned off (TESSERA_CPU_KERNELS=0)")
         return None
-    from torch.utils import cpp_extension
+    from torch.utils import (
+        cpp_extension,  # lazy: setuptools and the compiler's wrappers, only when built or loaded
+    )
 
     build = build_dir()
     # ninja is looked up on PATH; a venv's own copy (the `ninja` package) sits beside the interpreter.

@@ -30,7 +30,7 @@ MODES = ("auto", "triton", "torch")
 @functools.cache
 def triton_available() -> bool:
     try:
-        import triton  # noqa: F401
+        import triton  # noqa: F401  (lazy: triton is absent from CPU-only installs)
     except ImportError:
         return False
     return True
@@ -134,7 +134,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     little more accurate, slower only where FP8 tensor cores would have helped.
     """
     if quantize_activations and x.device.type == "cuda":
-        from kernels.fp8_gemm import fp8_w8a8_linear, w8a8_supported
+        from kernels.fp8_gemm import fp8_w8a8_linear, w8a8_supported  # lazy: imports triton, CUDA only
 
         if w8a8_supported(x.device):
             return fp8_w8a8_linear(x, weight, weight_scale)

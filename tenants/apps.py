@@ -3,7 +3,7 @@ from django.db.models.signals import post_migrate
 
 
 def _ensure_roles(sender, using: str = "default", **kwargs) -> None:
-    from tenants.roles import roles_ensure
+    from tenants.roles import roles_ensure  # lazy: models; Django imports apps.py before they can be
 
     roles_ensure(using=using)
 

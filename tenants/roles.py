@@ -12,6 +12,8 @@ Tenants are not people: a tenant acts through an API key with `can_manage` (tena
 
 from __future__ import annotations
 
+from django.apps import apps
+from django.contrib.auth.management import create_permissions
 from django.contrib.auth.models import Group, Permission
 from django.db import transaction
 from django.db.models import Q
@@ -77,9 +79,6 @@ def user_has_role(user, role: str) -> bool:
 
 def roles_ensure(*, using: str = "default") -> dict[str, Group]:
     """Create the role groups with exactly their permissions (idempotent; runs after migrate)."""
-    from django.apps import apps
-    from django.contrib.auth.management import create_permissions
-
     # post_migrate runs app by app: make sure every role app's permissions exist before granting them.
     for label in {*OPERATOR_APPS, *(app for app, _ in FINANCE_PERMISSIONS)}:
         create_permissions(apps.get_app_config(label), verbosity=0, using=using)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import getpass
 import socket
 
+from celery.signals import task_postrun, task_prerun
 from django.core.management.base import BaseCommand
 
 from . import context
@@ -66,7 +67,5 @@ def _task_finished(sender=None, task_id=None, **kwargs) -> None:
 
 
 def install_task_hooks() -> None:
-    from celery.signals import task_postrun, task_prerun
-
     task_prerun.connect(_task_started, weak=False, dispatch_uid="audit_task_started")
     task_postrun.connect(_task_finished, weak=False, dispatch_uid="audit_task_finished")

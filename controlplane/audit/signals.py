@@ -8,8 +8,10 @@ A user's password is recorded as changed, never its hash. Group membership in a 
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
+from django.contrib.auth.models import Group, Permission
 from django.db.models.signals import m2m_changed, post_delete, post_save, pre_save
+
+from tenants.roles import ROLES
 
 from .writer import diff, record
 
@@ -96,8 +98,6 @@ def _m2m_recorder(kind: str):
             verb = {"post_add": "add", "post_remove": "remove", "post_clear": "clear"}[action]
             name = f"{kind}.{verb}"
             if kind == "user.groups":
-                from tenants.roles import ROLES
-
                 if set(_names(Group, changed)) & set(ROLES):
                     name = "role.grant" if verb == "add" else "role.revoke"
             field = kind.split(".", 1)[1]
@@ -116,8 +116,6 @@ def _owner_model(kind: str):
 
 
 def _target_model(kind: str):
-    from django.contrib.auth.models import Permission
-
     return Group if kind == "user.groups" else Permission
 
 

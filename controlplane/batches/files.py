@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import Sum
 
 from common.errors import ApplicationError
+from tenants.models import Tenant
 
 from . import conf, storable
 from .models import StoredFile
@@ -78,8 +79,6 @@ def tenant_bytes(*, tenant_id: int, lock: bool = False) -> int:
     is held until the transaction ends: every write that counts against the cap takes it first, so
     that two (an upload and a batch's output, or two uploads) cannot both pass the cap."""
     if lock:
-        from tenants.models import Tenant
-
         # NO KEY: rows that only reference the tenant (its usage, its keys) are inserted meanwhile.
         Tenant.objects.select_for_update(no_key=True).filter(pk=tenant_id).first()
     return StoredFile.objects.filter(tenant_id=tenant_id).aggregate(n=Sum("bytes"))["n"] or 0

@@ -20,7 +20,7 @@ import hashlib
 import uuid
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from . import conf
@@ -129,8 +129,6 @@ def line_retry(*, line_id: int, request_id: str, after_seconds: float, count_att
               "not_before": timezone.now() + dt.timedelta(seconds=after_seconds)}
     rows = BatchLine.objects.filter(pk=line_id, state=BatchLine.State.RUNNING, request_id=request_id)
     if not count_attempt:
-        from django.db.models import F
-
         update["attempts"] = F("attempts") - 1
     rows.update(**update)
 

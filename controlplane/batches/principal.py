@@ -16,13 +16,12 @@ import dataclasses
 from controlplane.gateway.proxy import principal_for_hash
 from tenants import auth
 from tenants.auth import KeyPrincipal
+from tenants.models import APIKey
 
 from . import conf
 
 
 def key_hash_of(api_key_id: int | None) -> str | None:
-    from tenants.models import APIKey
-
     if api_key_id is None:  # the key was deleted
         return None
     return APIKey.objects.filter(pk=api_key_id).values_list("key_hash", flat=True).first()

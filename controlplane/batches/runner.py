@@ -23,12 +23,19 @@ import asyncio
 import logging
 import time
 
+from django.db.models import Q
+from django.utils import timezone
+
+from billing.models import UsageRecord
 from common.asyncdb import db_call
 from common.errors import ApplicationError
 from controlplane.gateway import upstream
 from controlplane.gateway.dependencies import dependency_of
+from controlplane.gateway.models import InflightRequest
 from controlplane.gateway.routing.workers import get_registry
 from controlplane.gateway.usage import accounting
+from controlplane.gateway.usage.sweeper import _limits
+from tenants.limits import Settlement, get_limiter
 
 from . import conf, lines, output, principal, quota
 from .finalize import batch_finalize
@@ -43,11 +50,6 @@ BUSY = "busy"  # another runner holds the batch's lease
 
 def _recover_sync(line: BatchLine):
     """Decide a stale running line's fate; the journal row to release, if any."""
-    from django.db.models import Q
-
-    from billing.models import UsageRecord
-    from controlplane.gateway.models import InflightRequest
-
     # The line's ledger row, under whichever attempt's id (a row written before ledger rows carried the
     # line's identity is found by its request id).
     billed_here = Q(batch_line=lines.line_ledger_key(batch_id=line.batch_id, custom_id=line.custom_id))
@@ -62,9 +64,6 @@ def _recover_sync(line: BatchLine):
 
 
 async def _release(row, actual_tokens: int) -> None:
-    from controlplane.gateway.usage.sweeper import _limits
-    from tenants.limits import Settlement, get_limiter
-
     limits = await db_call(_limits, row.tenant_id)
     await get_limiter().settle(Settlement(row.tenant_id, row.request_id, limits, row.period_start,
                                           row.reserved_tokens, actual_tokens, row.reserved_spend_nano, 0))
@@ -212,6 +211,4 @@ def _first_model(*, batch_id: str) -> str:
 
 
 def _expired(*, batch_id: str) -> bool:
-    from django.utils import timezone
-
     return Batch.objects.filter(pk=batch_id, expires_at__lte=timezone.now()).exists()

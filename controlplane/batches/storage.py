@@ -11,6 +11,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.files.storage import FileSystemStorage, Storage, storages
 from django.core.files.storage.handler import InvalidStorageError
+from django.db import transaction
 
 ALIAS = "tessera_files"
 
@@ -25,6 +26,4 @@ def files_storage() -> Storage:
 
 def forget_bytes(sender, instance, **kwargs) -> None:
     """A deleted file's bytes, removed once the deletion is committed (a rollback keeps them)."""
-    from django.db import transaction
-
     transaction.on_commit(lambda: files_storage().delete(instance.storage_name))

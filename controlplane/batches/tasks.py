@@ -19,7 +19,10 @@ from django.db.models.functions import RowNumber
 from django.dispatch import receiver
 from django.utils import timezone
 
-from . import signals
+from . import conf, signals
+from .models import Batch
+from .runner import BUSY, run
+from .services import batches_expire_validating
 
 log = logging.getLogger("tessera.batches")
 RESUME_PER_SWEEP = 100  # batches enqueued by one sweep (a minute apart)
@@ -41,9 +44,6 @@ def _run_wanted(sender, *, batch_id: str, **kwargs) -> None:
 @shared_task(name="batches.run", acks_late=True, autoretry_for=(DatabaseError,), dont_autoretry_for=(DataError,),
              retry_backoff=True, retry_backoff_max=60, max_retries=10)
 def batch_run(batch_id: str) -> str:
-    from . import conf
-    from .runner import BUSY, run
-
     status = asyncio.run(run(batch_id))
     if status == BUSY:
         # Its runner may be dead (this is how a killed Celery worker's batch resumes): look again once
@@ -58,8 +58,6 @@ def batches_resume() -> list[str]:
     stranded batches, fairly: each tenant's oldest first, the tenants taken in turns (every tenant's
     oldest, then every tenant's second oldest, ...), so that one tenant's many stranded batches cannot
     keep another's from resuming."""
-    from .services import batches_expire_validating
-
     batches_expire_validating()
     for batch_id in (stranded := stranded_batches(limit=RESUME_PER_SWEEP)):
         enqueue_run(batch_id)
@@ -67,8 +65,6 @@ def batches_resume() -> list[str]:
 
 
 def stranded_batches(*, limit: int) -> list[str]:
-    from .models import Batch
-
     live = [Batch.Status.VALIDATING, Batch.Status.IN_PROGRESS, Batch.Status.FINALIZING, Batch.Status.CANCELLING]
     turn = Window(RowNumber(), partition_by=[F("tenant_id")], order_by=[F("created_at").asc(), F("id").asc()])
     return list(Batch.objects.filter(status__in=live)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
+from django.http import HttpResponseRedirect
 from django.utils import timezone
 from django.utils.html import format_html
 
@@ -108,8 +109,6 @@ class AdapterAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
     def response_add(self, request, obj, post_url_continue=None):
         if obj.pk is None:  # refused by the service
-            from django.http import HttpResponseRedirect
-
             return HttpResponseRedirect(request.path)
         return super().response_add(request, obj, post_url_continue)
 

@@ -17,6 +17,8 @@ import logging
 
 from django.db import transaction
 
+from controlplane.celery import app
+
 from .outage_log import OutageLog
 
 log = logging.getLogger("tessera.deployments")
@@ -31,8 +33,6 @@ RECONCILE = "deployments.reconcile"
 
 def send(name: str, args: list, queue: str | None = None, expires: float | None = None) -> None:
     """Publish one message now (tests replace this to record messages instead)."""
-    from controlplane.celery import app
-
     options = {"queue": queue} if queue else {}
     if expires is not None:
         options["expires"] = expires

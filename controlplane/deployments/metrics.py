@@ -17,13 +17,16 @@ from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from controlplane.slo.metrics import REGISTRY
+
+from .autoscale.metrics import AUTOSCALER_COLLECTOR
+from .models import ReconcilerState
+
 log = logging.getLogger("tessera.deployments")
 
 
 class ReconcilerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
-        from .models import ReconcilerState
-
         try:
             state = ReconcilerState.objects.filter(pk=1).first()
         except Exception:  # noqa: BLE001 - a scrape must not fail because the database is away
@@ -51,10 +54,6 @@ def register() -> None:
     process."""
     global _registered
     if not _registered:
-        from controlplane.slo.metrics import REGISTRY
-
-        from .autoscale.metrics import AUTOSCALER_COLLECTOR
-
         REGISTRY.register(RECONCILER_COLLECTOR)
         REGISTRY.register(AUTOSCALER_COLLECTOR)
         _registered = True

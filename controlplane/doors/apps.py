@@ -28,6 +28,7 @@ class DoorsAdminConfig(AdminConfig):
 
 
 def check_two_factor_roles(app_configs=None, **kwargs):
+    # lazy: models (tenants.roles) and settings; Django imports apps.py before they can be
     from tenants.roles import ROLES
 
     from . import conf

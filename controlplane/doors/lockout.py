@@ -27,6 +27,8 @@ from django.db.models import Max, Q, QuerySet, Sum
 from django.http import HttpRequest
 from django.utils import timezone
 
+from common.client_ip import client_ip
+
 from . import conf
 
 log = logging.getLogger("tessera.doors")
@@ -73,8 +75,6 @@ def address_key(address: str | None) -> str | None:
 
 def client_ip_for_axes(request: HttpRequest) -> str | None:
     """AXES_CLIENT_IP_CALLABLE: the shared client-address rule (TESSERA_TRUSTED_PROXY_HOPS), IPv6 per /64."""
-    from common.client_ip import client_ip
-
     return address_key(client_ip(request))
 
 

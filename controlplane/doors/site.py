@@ -6,6 +6,7 @@ from django.contrib import admin
 from django.urls import path
 
 from . import twofactor
+from .views import code_step, enrol_step, password_step
 
 
 class TesseraAdminSite(admin.AdminSite):
@@ -14,13 +15,9 @@ class TesseraAdminSite(admin.AdminSite):
         return super().has_permission(request) and twofactor.second_factor_ok(request)
 
     def login(self, request, extra_context=None):
-        from .views import password_step
-
         return password_step(self, request, extra_context)
 
     def get_urls(self):
-        from .views import code_step, enrol_step
-
         return [
             path("login/code/", code_step(self), name="login_code"),
             path("login/enrol/", enrol_step(self), name="login_enrol"),

@@ -38,6 +38,8 @@ from django.utils.log import log_response
 from common.client_ip import client_ip_from_scope
 from common.errors import ApplicationError
 from controlplane import bodylimit
+from controlplane.gateway.proxy import new_request_id, principal_for, remembered_refusal
+from tenants import auth_throttle
 
 log = logging.getLogger("tessera.gateway")
 
@@ -48,8 +50,6 @@ METERED = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v
 
 
 async def _send_error(send, exc: ApplicationError) -> None:
-    from controlplane.gateway.proxy import new_request_id
-
     await bodylimit.send_json(send, exc.status, exc.openai_body(), {**exc.headers, "x-request-id": new_request_id()})
 
 
@@ -67,9 +67,6 @@ async def _authenticate_before_reading(scope, length: int | None) -> None:
     """Refuse (ApplicationError) a request whose key cannot be valid, without reading its body: its
     shape always, the key itself for a large or chunked body. The view authenticates again (from the
     process cache when it is on)."""
-    from controlplane.gateway.proxy import principal_for
-    from tenants import auth_throttle
-
     header = _authorization(scope)
     await auth_throttle.guarded(client_ip_from_scope(scope), header, principal_for,
                                 lookup=length is None or length > AUTH_BEFORE_READING_BYTES)
@@ -126,8 +123,6 @@ class GatewayHandler(ASGIHandler):
             return
         kind = METERED.get(scope["path"]) if scope["method"] == "POST" else None
         if kind is not None:
-            from controlplane.gateway.proxy import remembered_refusal
-
             refused = await remembered_refusal(_authorization(scope), body, kind)
             if refused is not None:
                 await self.send_response(refused, send)

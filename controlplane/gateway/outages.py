@@ -17,6 +17,7 @@ import time
 
 from common.errors import ApplicationError
 from controlplane.gateway.dependencies import dependency_of
+from controlplane.gateway.usage import spool_metrics
 
 log = logging.getLogger("tessera.gateway")
 
@@ -44,8 +45,6 @@ NOTE_EVERY = 30.0  # seconds between log lines per kind: an outage must not floo
 def note_serving_from_memory(what: str) -> None:
     """Log (at most every NOTE_EVERY seconds per kind) that the database is away and `what` is served
     from memory; counted in tessera_gateway_served_from_memory_total."""
-    from controlplane.gateway.usage import spool_metrics
-
     spool_metrics.SERVED_FROM_MEMORY.labels(what).inc()
     now = time.monotonic()
     if now - _noted.get(what, -NOTE_EVERY) >= NOTE_EVERY:

@@ -25,6 +25,7 @@ import httpx
 import orjson
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
+from common.asyncdb import db_call
 from common.client_ip import client_ip
 from common.errors import ApplicationError
 from controlplane.gateway import outages, parsing, upstream
@@ -79,8 +80,6 @@ async def principal_for_hash(key_hash: str) -> KeyPrincipal:
         if hit:
             outages.note_serving_from_memory("keys")
     if not hit:
-        from common.asyncdb import db_call
-
         try:
             principal = await db_call(auth.lookup_hash, key_hash)
         except Exception as exc:

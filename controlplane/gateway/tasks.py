@@ -8,6 +8,7 @@ from celery import shared_task
 from django.db import DatabaseError
 
 from controlplane.gateway import upstream
+from controlplane.gateway.responses.responses_store import stored_responses_prune
 from controlplane.gateway.usage import sweeper
 
 
@@ -29,6 +30,4 @@ def usage_sweep() -> dict[str, int]:
              retry_backoff_max=300, max_retries=5)
 def responses_prune() -> int:
     """Stored Responses API answers past retention (reads already skip them; this frees the rows)."""
-    from controlplane.gateway.responses.responses_store import stored_responses_prune
-
     return stored_responses_prune()

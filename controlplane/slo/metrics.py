@@ -22,7 +22,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from controlplane.gateway.routing.workers import get_registry
+
 from . import sli
+from .selectors import slo_status
 
 log = logging.getLogger("tessera.slo")
 
@@ -72,8 +75,6 @@ class WorkerHealthCollector(Collector):
     """Per worker, as this gateway sees it: ready, requests in flight, engine queue from its last poll."""
 
     def collect(self) -> Iterator[Metric]:
-        from controlplane.gateway.routing.workers import get_registry
-
         up = GaugeMetricFamily("tessera_gateway_worker_up", "1 when the worker answered /ready with 200", labels=["worker"])
         out = GaugeMetricFamily("tessera_gateway_worker_outstanding", "Requests this gateway has in flight there",
                                 labels=["worker"])
@@ -120,8 +121,6 @@ class SLOCollector(CachedCollector):
 
     @staticmethod
     def _families() -> list[Metric]:
-        from .selectors import slo_status
-
         att = GaugeMetricFamily("tessera_slo_attainment", "Fraction of good requests per tier, SLI and window",
                                 labels=["tier", "sli", "window"])
         burn = GaugeMetricFamily("tessera_slo_burn_rate", "Error-budget burn rate per tier, SLI and window "

@@ -8,6 +8,7 @@ from django.urls import reverse
 from django.views.generic import View
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
+from controlplane.doors.twofactor import mark_verified_by_idp
 from controlplane.sso.backends import report
 from controlplane.sso.config import ProviderUnavailable, library_setting, provider, sso_enabled
 
@@ -57,8 +58,6 @@ class SSOCallbackView(OIDCAuthenticationCallbackView):
         self.request.session.set_expiry(settings.TESSERA_OIDC_SESSION_SECONDS)
         if _provider_did_mfa(getattr(self.user, "sso_amr", [])):
             # The admin's two-factor rule (controlplane/doors) then asks this session for no TOTP code.
-            from controlplane.doors.twofactor import mark_verified_by_idp
-
             mark_verified_by_idp(self.request)
         return response
 

@@ -23,7 +23,10 @@ import torch.distributed as dist
 
 from dataplane.config import ModelConfig
 from dataplane.distributed.group import RankInfo, init_group, move
+from dataplane.distributed.load import build_shard
 from dataplane.models.attention import AttentionMetadata, allocate_kv_cache
+from dataplane.models.loader import read_weights
+from dataplane.models.registry import resolve_model_path
 
 # Followers wait for the next step as long as the engine idles; the parent watchdog ends them.
 FOLLOWER_TIMEOUT_S = 365 * 24 * 3600.0
@@ -82,10 +85,6 @@ def follower_main(spec: FollowerSpec, ready: Any) -> None:
     _watch_parent(spec.parent_pid)
     torch.set_num_threads(spec.threads)
     try:
-        from dataplane.distributed.load import build_shard
-        from dataplane.models.loader import read_weights
-        from dataplane.models.registry import resolve_model_path
-
         args, tensors = read_weights(resolve_model_path(mc.model), progress=False)
         model, _ = build_shard(args, tensors, mc, info.rank, info.device)
         del tensors

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dataplane.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig
+from dataplane.distributed.launch import start_tensor_parallel
 from dataplane.engine.output_processor import OutputProcessor
 from dataplane.kv_cache.manager import KVCacheManager
 from dataplane.kv_cache.second_tier import SecondTier
@@ -310,8 +311,6 @@ def _start_tensor_parallel(model_config: ModelConfig, progress: bool, preloaded:
         raise ValueError("tensor_parallel_size: a preloaded model cannot be split; each rank loads its own shard")
     if lora_config is not None:
         raise ValueError("enable_lora: LoRA is not supported with tensor_parallel_size > 1")
-    from dataplane.distributed.launch import start_tensor_parallel
-
     return start_tensor_parallel(model_config, progress)
 
 

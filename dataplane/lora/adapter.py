@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 from dataplane.config import LORA_TARGET_MODULES
 from dataplane.models.config import LlamaArgs
@@ -193,9 +195,6 @@ def _check_config(where: str, cfg: object) -> None:
 
 
 def _read_tensors(where: str, path: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:

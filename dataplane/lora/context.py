@@ -23,6 +23,7 @@ import torch
 
 from dataplane.lora.adapter import GROUPS
 from dataplane.lora.slots import LoRASlots
+from kernels import dispatch
 
 # A batch's groups are padded to the largest; past this ratio of padded to real rows, the CPU path
 # splits groups into equal chunks and gathers each chunk's slot weights instead (one prefill chunk
@@ -81,8 +82,6 @@ class LoRAStepContext:
         y.add_(delta.view(-1, y.shape[1]).index_select(0, self.inverse).to(y.dtype))
 
     def _apply_kernels(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor) -> None:
-        from kernels import dispatch
-
         a, b = self.slots.views(group, 0, self.slots.num_slots, self.rank)[layer]  # [S, rn, in], [S, out, rn]
         nd = self.num_decodes
         if nd:

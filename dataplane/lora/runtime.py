@@ -9,14 +9,13 @@ from dataplane.lora.context import LoRAStepContext, build_context
 from dataplane.lora.registry import AdapterRegistry
 from dataplane.lora.slots import LoRASlots
 from dataplane.models.config import LlamaArgs
+from kernels import dispatch
 
 
 class LoRARuntime:
     def __init__(self, registry: AdapterRegistry, config: LoRAConfig, args: LlamaArgs, dtype: torch.dtype,
                  device: torch.device, use_kernels: bool | None = None) -> None:
         if use_kernels is None:
-            from kernels import dispatch
-
             use_kernels = dispatch.use_triton(device)
         self.registry = registry
         self.use_kernels = use_kernels

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from dataplane.cpu_features import cpu_has_native_bf16
+from kernels import dispatch
 
 
 class Linear:
@@ -195,8 +196,6 @@ class NeoxRotary:
 
     def rotate(self, qkv: torch.Tensor, positions: torch.Tensor, heads: int,
                kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-        from kernels import dispatch
-
         n, d = qkv.shape[0], qkv.shape[1] // (heads + 2 * kv_heads)
         q = qkv[:, : heads * d].view(n, heads, d)
         k = qkv[:, heads * d : (heads + kv_heads) * d].view(n, kv_heads, d)

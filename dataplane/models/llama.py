@@ -21,7 +21,9 @@ from dataplane.models.attention import (
     paged_attention_kernels,
     write_kv,
 )
+from dataplane.models.compiled_decode import CompiledDecode
 from dataplane.models.config import LlamaArgs
+from dataplane.models.fused_decode import FusedGgufDecode
 from dataplane.models.layers import Linear, NeoxRotary, Rotary, rms_norm, silu_and_mul
 from kernels import cpu_decode, dispatch, kv_fp8
 
@@ -90,8 +92,6 @@ class LlamaModel:
         self._rope_kv = enabled and self.dtype in (torch.float32, torch.bfloat16)
         self.cpu_ops = enabled
         if enabled:
-            from dataplane.models.fused_decode import FusedGgufDecode
-
             self.fused = FusedGgufDecode.build(self)
 
     def enable_compiled_decode(self, *, cpp_wrapper: bool = False) -> bool:
@@ -99,8 +99,6 @@ class LlamaModel:
         the first such step. Only the CPU torch path: where the Triton kernels run it stays eager."""
         if self.use_kernels or self.device.type != "cpu":
             return False
-        from dataplane.models.compiled_decode import CompiledDecode
-
         self.compiled = CompiledDecode(self, cpp_wrapper=cpp_wrapper)
         return True
 

@@ -9,8 +9,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import gguf
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from dataplane.config import ModelConfig
@@ -135,9 +138,6 @@ def _unpermute(weight: np.ndarray, n_head: int) -> np.ndarray:
 
 def _read_gguf_cached(path: Path, progress: bool) -> tuple[LlamaArgs, dict[str, torch.Tensor]]:
     """The GGUF's dequantized tensors and arguments, from the local cache when present."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
     cached = cache_dir("weights") / f"{file_key(path)}.safetensors"
     if cached.exists():
         try:
@@ -159,8 +159,6 @@ def _read_gguf_cached(path: Path, progress: bool) -> tuple[LlamaArgs, dict[str, 
 
 
 def _read_gguf(path: Path, progress: bool) -> tuple[LlamaArgs, dict[str, torch.Tensor]]:
-    import gguf
-
     reader = gguf.GGUFReader(str(path))
     scalars = {}
     for key, field in reader.fields.items():
@@ -199,9 +197,6 @@ GGUF_BLOCK_FORMATS = ("Q4_1", "Q8_0")
 def read_gguf_blocks(path: Path) -> dict[str, tuple[str, torch.Tensor]]:
     """HF name -> (format, uint8 [rows, row bytes]) for every tensor of the file in a kept block format,
     q/k rows in Hugging Face's order like the dequantized tensors; cached beside them."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
     cached = cache_dir("weights") / f"{file_key(path)}.blocks.safetensors"
     if cached.exists():
         try:
@@ -223,8 +218,6 @@ def read_gguf_blocks(path: Path) -> dict[str, tuple[str, torch.Tensor]]:
 
 
 def _read_gguf_blocks(path: Path) -> dict[str, tuple[str, torch.Tensor]]:
-    import gguf
-
     reader = gguf.GGUFReader(str(path))
     heads = {"num_heads": None, "num_kv_heads": None}
     for key, field in reader.fields.items():
@@ -252,8 +245,6 @@ def _read_gguf_blocks(path: Path) -> dict[str, tuple[str, torch.Tensor]]:
 
 
 def _read_hf_dir(path: Path, progress: bool) -> tuple[LlamaArgs, dict[str, torch.Tensor]]:
-    from safetensors.torch import load_file
-
     args = LlamaArgs.from_hf_config(json.loads((path / "config.json").read_text()))
     files = sorted(path.glob("*.safetensors"))
     if not files:

@@ -28,7 +28,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path: Path, eos_token_ids: tuple[int, ...]) -> Tokenizer:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # lazy: heavy, ~1 s after torch; only where a model is loaded
 
         cached = cache_dir("tokenizers") / file_key(path)
         if (cached / "tokenizer.json").exists():
@@ -44,7 +44,7 @@ class Tokenizer:
 
     @classmethod
     def from_directory(cls, path: Path, eos_token_ids: tuple[int, ...]) -> Tokenizer:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # lazy: heavy, ~1 s after torch; only where a model is loaded
 
         return cls(AutoTokenizer.from_pretrained(str(path)), eos_token_ids)
 

@@ -42,7 +42,7 @@ from dataplane.quant.gguf import GgufLinear
 from dataplane.quant.int4 import Int4Linear
 from dataplane.quant.int8 import Int8Linear
 from kernels import gguf_cpu
-from kernels.awq_layout import awq_pack, awq_unpack
+from kernels.awq_layout import awq_dequantize, awq_pack, awq_unpack
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +137,6 @@ class Projections:
 
     def _dense_part(self, prefix: str, heads: int | None) -> torch.Tensor:
         if prefix + ".weight" not in self.t and prefix + ".qweight" in self.t:
-            from kernels.awq_layout import awq_dequantize  # a quantized part inside a dense fused layer
-
             q = self.t[prefix + ".qweight"]
             w = awq_dequantize(q, self.t[prefix + ".qzeros"], self.t[prefix + ".scales"],
                                q.shape[0] // self.t[prefix + ".scales"].shape[0]).t()

@@ -17,7 +17,7 @@ import torch
 
 from dataplane.quant.base import as_rows, tensor_bytes
 from kernels import dispatch
-from kernels.awq_layout import awq_quantize, awq_unpack
+from kernels.awq_layout import awq_dequantize, awq_quantize, awq_unpack
 
 _INNER_K_TILES = 8  # torchao's default; the CPU packing ignores the tiling hint beyond validating it
 
@@ -121,8 +121,6 @@ class Int4Linear:
         packed layout is the op's private business.
         """
         if self.awq is not None:
-            from kernels.awq_layout import awq_dequantize
-
             return awq_dequantize(*self.awq, self.group_size).t()
         eye = torch.eye(self.in_features, dtype=self.dtype)
         cols = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size, self.scales_and_zeros)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from dataplane.lora.context import LoRAStepContext, build_context
 from dataplane.models.attention import AttentionMetadata, DecodeGroup
 
 if TYPE_CHECKING:
@@ -155,15 +156,11 @@ class DecodeGraphs:
     def _lora_context(self, p: int) -> LoRAStepContext:
         """Every adapter group at the slots' full rank (zeros past an adapter's own), slots per row from
         the buffer: one graph serves any mix of resident adapters."""
-        from dataplane.lora.context import LoRAStepContext
-
         slots = self.lora.slots
         ctx = LoRAStepContext(slots, frozenset(slots.a), slots.max_rank, num_decodes=p,
                               token_slots=self.token_slots[:p],
                               scaling=torch.ones(slots.num_slots, dtype=torch.float32, device=self.model.device))
         if not self.lora.use_kernels:  # the CPU's gathered path: built from the rows' slots on the host
-            from dataplane.lora.context import build_context
-
             rows = [(s if s >= 0 else None, 1) for s in self.token_slots[:p].tolist()]
             if any(s is not None for s, _ in rows):
                 return build_context(slots, rows, p, slots.max_rank, frozenset(slots.a), False)

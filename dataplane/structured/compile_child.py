@@ -44,7 +44,7 @@ def main() -> None:
     out = os.dup(1)
     os.dup2(2, 1)  # anything the library prints goes to stderr, never into the protocol
     max_threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-    import xgrammar as xgr
+    import xgrammar as xgr  # lazy: after the dup2 above, so that what the library prints never reaches stdout
 
     info_json = _recv(0)
     if info_json is None:

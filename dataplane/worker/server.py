@@ -29,6 +29,7 @@ log = logging.getLogger("tessera.worker")
 
 def main(argv: Sequence[str] | None = None) -> int:
     if os.environ.get("TESSERA_CONTROL_PLANE_URL"):  # managed: registers, starts idle, loads what it is told
+        # lazy: the agent (Celery, the control-plane client) loads only in a managed worker
         from dataplane.worker.agent.__main__ import main as managed_main
 
         return managed_main(argv)

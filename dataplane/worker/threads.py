@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 if TYPE_CHECKING:
     from dataplane.worker.config import WorkerConfig
 
@@ -12,6 +14,4 @@ def apply_threads(config: WorkerConfig) -> None:
     """Set torch's intra-op threads when the settings name them: standalone (server.main) and managed
     (agent.__main__) alike; the agent once left them at torch's default."""
     if config.threads is not None:
-        import torch
-
         torch.set_num_threads(config.threads)

@@ -23,7 +23,14 @@ import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
+import redis as sync_redis
+import redis.asyncio as aioredis
 from django.conf import settings
+from django.db import transaction
+
+from common.asyncdb import db_call
+
+from ..models import AuthFailureWindow
 
 # KEYS[1] the bucket; ARGV[1] the limit per minute. Replies {allowed (1/0), retry-after in ms}.
 FAIL = """
@@ -76,8 +83,6 @@ class RedisAuthFailures:
         return Verdict(bool(int(out[0])), int(out[1]) / 1000)
 
     async def fail(self, address: str, limit: int) -> Verdict:
-        import redis.asyncio as aioredis
-
         loop = asyncio.get_running_loop()
         script = self._async.get(loop)
         if script is None:
@@ -86,8 +91,6 @@ class RedisAuthFailures:
         return self._verdict(await script(keys=[_bucket_key(address)], args=[limit]))
 
     def fail_sync(self, address: str, limit: int) -> Verdict:
-        import redis as sync_redis
-
         with self._lock:
             if self._sync is None:
                 self._sync = sync_redis.Redis.from_url(self.url, **self._timeouts()).register_script(FAIL)
@@ -95,10 +98,6 @@ class RedisAuthFailures:
 
 
 def _fail_in_database(address: str, limit: int) -> Verdict:
-    from django.db import transaction
-
-    from ..models import AuthFailureWindow
-
     with transaction.atomic():
         AuthFailureWindow.objects.bulk_create([AuthFailureWindow(address=address, allowance=limit, refilled_at=time.time())],
                                               ignore_conflicts=True)
@@ -116,8 +115,6 @@ def _fail_in_database(address: str, limit: int) -> Verdict:
 
 class DatabaseAuthFailures:
     async def fail(self, address: str, limit: int) -> Verdict:
-        from common.asyncdb import db_call
-
         return await db_call(_fail_in_database, address, limit)
 
     def fail_sync(self, address: str, limit: int) -> Verdict:

@@ -9,19 +9,18 @@ from functools import lru_cache
 
 from django.conf import settings
 
+from . import refusals
 from .base import Limiter
+from .database import DatabaseLimiter
+from .redis import RedisLimiter
 
 
 @lru_cache(maxsize=1)
 def _limiter(kind: str, redis_url: str) -> Limiter:
     # Imported on first use: the database backend needs Django's apps loaded, the Redis one its client.
     if kind == "redis":
-        from .redis import RedisLimiter
-
         return RedisLimiter(redis_url)
     if kind == "database":
-        from .database import DatabaseLimiter
-
         return DatabaseLimiter()
     raise ValueError(f"TESSERA_LIMITER must be 'redis' or 'database', not {kind!r}")
 
@@ -32,7 +31,5 @@ def get_limiter() -> Limiter:
 
 def reset_limiter() -> None:
     """Forget the instance (tests switch backends; settings changed), and the refusals it gave."""
-    from . import refusals
-
     _limiter.cache_clear()
     refusals.clear()

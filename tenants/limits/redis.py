@@ -16,6 +16,7 @@ import weakref
 from collections import defaultdict
 from collections.abc import Sequence
 
+import redis as sync_redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
@@ -235,8 +236,6 @@ class RedisLimiter:
 
     def usage_sync(self, *, tenant_id: int, period: dt.date) -> tuple[int, int]:
         """For the (sync) management API."""
-        import redis as sync_redis
-
         timeout = settings.TESSERA_REDIS_TIMEOUT_SECONDS
         client = sync_redis.Redis.from_url(self.url, socket_connect_timeout=timeout, socket_timeout=timeout)
         try:

@@ -9,6 +9,7 @@ from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from common.errors import NotFound
 from common.pagination import Pages
 from tenants.api.operator_views import OperatorView
 from tenants.api.views import TenantScopedView
@@ -134,8 +135,6 @@ class ReplicaRetryView(OperatorView):
         deployment = selectors.deployment_get(name=name)
         replica = deployment.replicas.filter(pk=replica_id).first()
         if replica is None:
-            from common.errors import NotFound
-
             raise NotFound(f"No replica {replica_id} in {name!r}.")
         return Response(s.ReplicaSerializer(services.replica_retry(replica=replica)).data)
 

@@ -24,6 +24,7 @@ from common.asyncdb import db_call
 from common.errors import ApplicationError
 
 from .. import conf
+from .service import autoscale_wake
 
 log = logging.getLogger("tessera.gateway")
 
@@ -39,8 +40,6 @@ class Waker:
         now = time.monotonic()
         if now - self._last.get(deployment_id, -WAKE_EVERY_SECONDS) >= WAKE_EVERY_SECONDS:
             self._last[deployment_id] = now
-            from .service import autoscale_wake
-
             try:
                 await db_call(autoscale_wake, deployment_id=deployment_id)
             except Exception as exc:  # noqa: BLE001 - the refusal stands; the next request tries again

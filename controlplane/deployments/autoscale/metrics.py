@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..models import Deployment
+
 log = logging.getLogger("tessera.deployments")
 
 SIGNALS = ("ready", "reporting", "running", "waiting", "kv_usage_max", "fast_burn", "recent_requests")
@@ -32,8 +34,6 @@ SIGNALS = ("ready", "reporting", "running", "waiting", "kv_usage_max", "fast_bur
 
 class AutoscalerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
-        from ..models import Deployment
-
         try:
             deployments = list(Deployment.objects.select_related("autoscaler").order_by("name"))
         except Exception:  # noqa: BLE001 - a scrape must not fail because the database is away

@@ -22,6 +22,9 @@ import datetime as dt
 
 from django.db.models import Case, Count, IntegerField, Q, Sum, When
 
+from billing.models import UsageRecord
+from tenants.models import Tier
+
 from .. import conf
 from ..models import Deployment, Replica, ReplicaStatus, WorkerStatus
 from .policy import Signals
@@ -56,9 +59,6 @@ def _bad(column: str, targets: dict[str, int]) -> Case:
 
 def fast_burn(*, model: str, now: dt.datetime) -> float | None:
     """Highest 5-minute TTFT / ITL burn rate among the tiers with traffic on `model`; None: too few requests."""
-    from billing.models import UsageRecord
-    from tenants.models import Tier
-
     tiers = list(Tier.objects.values_list("name", "slo_ttft_p95_ms", "slo_itl_p95_ms"))
     ttft = {name: ms for name, ms, _ in tiers if ms is not None}
     itl = {name: ms for name, _, ms in tiers if ms is not None}
@@ -78,7 +78,5 @@ def fast_burn(*, model: str, now: dt.datetime) -> float | None:
 
 
 def recent_requests(*, model: str, now: dt.datetime) -> int:
-    from billing.models import UsageRecord
-
     since = now - dt.timedelta(seconds=conf.get("TESSERA_AUTOSCALE_IDLE_SECONDS"))
     return len(UsageRecord.objects.filter(model=model, created_at__gte=since).values_list("id", flat=True)[:RECENT_CAP])

@@ -5,11 +5,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError
 
 from common.errors import ApplicationError
 from controlplane import audit
+from tenants.models import Tenant
 
 from .. import adapter_store, dispatch
 from ..models import (
@@ -40,8 +42,6 @@ def _invalid(message: str, param: str, code: str = "invalid_value") -> Applicati
 
 
 def _check_name(value: str, param: str) -> None:
-    from django.core.exceptions import ValidationError
-
     try:
         _name_validator(value)
     except ValidationError:
@@ -311,8 +311,6 @@ def _replicas_retry(queryset) -> int:
 def adapter_create(*, tenant, name: str, base_model: Model, source: str, rank: int = 8) -> Adapter:
     """Register a tenant's adapter: its source must lie in the tenant's own store; at most
     TESSERA_MAX_ADAPTERS_PER_TENANT per tenant (LoRA slots are shared by all tenants)."""
-    from tenants.models import Tenant
-
     _check_name(name, "name")
     source = adapter_store.adapter_source_normalize(tenant=tenant, source=source)
     if not 1 <= rank <= 64:

@@ -11,8 +11,9 @@ from django.utils import timezone
 from common.errors import ApplicationError
 from controlplane import audit
 
-from .. import dispatch
+from .. import conf, dispatch
 from ..models import ACTIVE_REPLICA_STATUSES, Replica, ReplicaStatus, Worker, WorkerStatus
+from .reports import replica_fail, replica_mark_ready
 
 log = logging.getLogger("tessera.deployments")
 
@@ -62,8 +63,6 @@ def worker_register(*, name: str, url: str, boot_id: str, accelerator: str = "",
 
 def _live(worker: Worker, now) -> bool:
     """Whether a registration still holds its name: a boot id, not dead, a heartbeat within the dead time."""
-    from .. import conf
-
     if not worker.boot_id or worker.status == WorkerStatus.DEAD or worker.last_heartbeat_at is None:
         return False
     return (now - worker.last_heartbeat_at).total_seconds() < conf.get("TESSERA_WORKER_DEAD_SECONDS")
@@ -120,8 +119,6 @@ def _sync_slot(worker: Worker, slot: dict) -> None:
     replica = Replica.objects.select_for_update().filter(worker=worker, uid=uid, attempt=attempt).first()
     if replica is None:
         return
-    from .reports import replica_fail, replica_mark_ready
-
     if state == "ready" and replica.status == ReplicaStatus.LOADING:
         replica_mark_ready(replica=replica, load_seconds=slot.get("load_seconds"), gate=slot.get("gate"))
     elif state == "dead" and replica.status == ReplicaStatus.READY:
@@ -171,7 +168,5 @@ def _release_replicas(worker: Worker, reason: str) -> int:
 
 def worker_report(worker: Worker) -> dict[str, Any]:
     """What the register/heartbeat answer tells the worker."""
-    from .. import conf
-
     return {"worker": worker.name, "queue": worker.queue, "status": worker.status,
             "heartbeat_seconds": conf.get("TESSERA_WORKER_HEARTBEAT_SECONDS")}

@@ -26,8 +26,10 @@ from django.db.models import Exists, OuterRef, Sum
 
 from billing import selectors as billing_selectors
 from billing.events import UsageEvent
+from billing.models import UsageRecord
 from common.asyncdb import db_call
 from controlplane.gateway import outages
+from controlplane.gateway.models import InflightRequest
 from controlplane.gateway.routing.workers import ModelTarget
 from controlplane.gateway.usage import journal, renewal, usage_queue, usage_writer
 from controlplane.gateway.usage.sink import is_async, usage_sink
@@ -36,6 +38,7 @@ from controlplane.slo import metrics as slo_metrics
 from tenants.auth import KeyPrincipal
 from tenants.limits import BudgetSeed, LimitPlan, Settlement, get_limiter
 from tenants.limits.base import to_nano
+from tenants.services import api_keys_touch
 
 log = logging.getLogger("tessera.gateway")
 
@@ -121,9 +124,6 @@ async def reservation_spend_nano(*, target: ModelTarget, tier: str, prompt_estim
 
 
 def _budget_seed(tenant_id: int, period: dt.date, with_spend: bool) -> BudgetSeed:
-    from billing.models import UsageRecord
-    from controlplane.gateway.models import InflightRequest
-
     start = dt.datetime(period.year, period.month, 1, tzinfo=dt.UTC)
     end = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)  # requests that started this month, to now
     tokens = billing_selectors.tenant_tokens(tenant=tenant_id, start=start, end=end)
@@ -308,8 +308,6 @@ def note_key_used(key_id: int) -> None:
 
 
 async def _touch(key_id: int, at: dt.datetime) -> None:
-    from tenants.services import api_keys_touch
-
     try:
         await db_call(api_keys_touch, used={key_id: at})
     except Exception:

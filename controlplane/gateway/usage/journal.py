@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from common.asyncdb import db_call
+from controlplane.gateway.models import InflightRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +41,6 @@ class Admission:
 def insert(admissions: list[Admission], *, ignore_conflicts: bool = False) -> None:
     """Write journal rows (the usage writer's thread, inside its batch transaction; a spool replay
     with `ignore_conflicts`, since a replay may be a second one)."""
-    from controlplane.gateway.models import InflightRequest
-
     if not admissions:
         return
     rows = []
@@ -53,15 +52,11 @@ def insert(admissions: list[Admission], *, ignore_conflicts: bool = False) -> No
 
 
 def move_sync(request_id: str, worker_url: str) -> None:
-    from controlplane.gateway.models import InflightRequest
-
     InflightRequest.objects.filter(request_id=request_id).update(worker_url=worker_url)
 
 
 def forget(request_ids: Iterable[str]) -> int:
     """Delete the journal rows of requests whose usage is now in the ledger (call inside its transaction)."""
-    from controlplane.gateway.models import InflightRequest
-
     ids = list(request_ids)
     if not ids:
         return 0
@@ -75,7 +70,5 @@ async def forget_async(request_ids: Iterable[str]) -> int:
 
 
 def mark_unsettled_sync(request_id: str, prompt: int, cached: int, completion: int) -> int:
-    from controlplane.gateway.models import InflightRequest
-
     return InflightRequest.objects.filter(request_id=request_id).update(
         unsettled_prompt_tokens=prompt, unsettled_cached_tokens=cached, unsettled_completion_tokens=completion)

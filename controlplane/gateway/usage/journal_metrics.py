@@ -15,12 +15,11 @@ from django.conf import settings
 from django.db.models import Count, Min, Q
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from controlplane.gateway.models import InflightRequest
 from controlplane.slo.metrics import CachedCollector
 
 
 def journal_state(now: dt.datetime | None = None) -> dict[str, float]:
-    from controlplane.gateway.models import InflightRequest
-
     now = now or dt.datetime.now(dt.UTC)
     cutoff = now - dt.timedelta(seconds=settings.TESSERA_USAGE_SWEEP_MIN_AGE_SECONDS)
     unsettled = Q(unsettled_prompt_tokens__isnull=False)

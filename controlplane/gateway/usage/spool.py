@@ -34,6 +34,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
+from django.db import transaction
+
+from billing.events import UsageEvent
+from controlplane.gateway.dependencies import dependency_of
+from controlplane.gateway.usage import journal
+from controlplane.gateway.usage.journal import Admission
+from controlplane.gateway.usage.sink import usage_sink
 
 log = logging.getLogger("tessera.gateway")
 
@@ -69,9 +76,6 @@ def _encode(kind: str, item) -> bytes:
 
 
 def _decode(line: bytes):
-    from billing.events import UsageEvent
-    from controlplane.gateway.usage.journal import Admission
-
     record = orjson.loads(line)
     kind, value = record["k"], record["v"]
     if kind == ADMIT:
@@ -241,12 +245,6 @@ def _fsync_dir(directory: Path) -> None:
 def _apply_chunk(path: Path, records: list, finished: set[str], owed: set[str]) -> None:
     """Apply records in one transaction; a record the ledger refuses is dead-lettered, the rest applied.
     Raises when the database is away (nothing of the chunk is applied then)."""
-    from django.db import transaction
-
-    from controlplane.gateway.dependencies import dependency_of
-    from controlplane.gateway.usage import journal
-    from controlplane.gateway.usage.sink import usage_sink
-
     sink = usage_sink()
 
     def apply(chunk) -> None:

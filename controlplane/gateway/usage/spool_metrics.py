@@ -12,6 +12,7 @@ from django.conf import settings
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from controlplane.gateway.usage.spool import directory_state
 from controlplane.slo.metrics import REGISTRY, CachedCollector
 
 SPOOLED = Counter("tessera_usage_spooled_records_total",
@@ -28,8 +29,6 @@ SERVED_FROM_MEMORY = Counter("tessera_gateway_served_from_memory_total",
 class SpoolCollector(CachedCollector):
     @staticmethod
     def _families() -> list[Metric]:
-        from controlplane.gateway.usage.spool import directory_state
-
         state = directory_state(settings.TESSERA_USAGE_SPOOL_DIR)
         size = GaugeMetricFamily("tessera_usage_spool_bytes", "Bytes of usage waiting in this host's spool "
                                  "for the database (0: nothing owed)")

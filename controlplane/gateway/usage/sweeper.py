@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 
 from billing.events import UsageEvent
 from common.asyncdb import db_call
@@ -36,6 +37,8 @@ from controlplane.gateway.usage import accounting, worker_usage
 from controlplane.gateway.usage.sink import usage_sink
 from controlplane.gateway.usage.worker_usage import WorkerCounts
 from tenants.limits import Settlement, get_limiter
+from tenants.models import Tenant
+from tenants.selectors import tenant_limits
 
 log = logging.getLogger("tessera.gateway")
 BATCH = 500
@@ -56,8 +59,6 @@ class SweepReport:
 
 def _orphans(older_than: dt.datetime) -> list[InflightRequest]:
     """Rows a dead gateway left (old enough), and rows whose settlement failed (any age)."""
-    from django.db.models import Q
-
     rows = InflightRequest.objects.filter(Q(admitted_at__lte=older_than) | Q(unsettled_prompt_tokens__isnull=False))
     return list(rows.order_by("admitted_at")[:BATCH])
 
@@ -69,9 +70,6 @@ def _marked_counts(row: InflightRequest) -> WorkerCounts | None:
 
 
 def _limits(tenant_id: int):
-    from tenants.models import Tenant
-    from tenants.selectors import tenant_limits
-
     return tenant_limits(tenant=Tenant.objects.select_related("tier").get(pk=tenant_id))
 
 

@@ -17,6 +17,7 @@ the control plane moves this worker's replicas elsewhere.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -70,8 +71,6 @@ class Agent:
         self.state.load = self._bind_loop  # the lifespan awaits state.load() once the server runs
 
     async def _bind_loop(self) -> None:
-        import asyncio
-
         self.slot.loop = asyncio.get_running_loop()
         log.info("worker idle until the control plane assigns a replica",
                  extra={"worker": self.settings.worker_id, "queue": self.settings.queue})

@@ -112,7 +112,7 @@ def parse_labels(raw: str) -> dict[str, str]:
 def detect_device_count() -> int:
     """GPUs this process sees; a CPU worker offers one unless TESSERA_WORKER_DEVICES says more."""
     try:
-        import torch
+        import torch  # lazy: heavy; the agent's settings are read (and tested) without the engine
 
         return max(1, torch.cuda.device_count())
     except Exception:  # noqa: BLE001 - no CUDA build
@@ -121,7 +121,7 @@ def detect_device_count() -> int:
 
 def detect_accelerator() -> tuple[str, int | None]:
     try:
-        import torch
+        import torch  # lazy: as above
 
         if torch.cuda.is_available():
             props = torch.cuda.get_device_properties(0)

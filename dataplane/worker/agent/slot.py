@@ -24,7 +24,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from dataplane.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig
+from dataplane.engine.async_llm import AsyncLLM, EngineDeadError
 from dataplane.engine.passing_thread import call_in_passing_thread
+from dataplane.models.registry import resolve_model_path
+from dataplane.quantize.gate import quality_gate
 from dataplane.worker.adapter_root import OutsideAdapterRoot, resolve_in_root
 from dataplane.worker.app import WorkerState
 from dataplane.worker.metrics import WorkerMetrics
@@ -162,8 +166,6 @@ class EngineSlot:
         engine.shutdown()
         self.counters["engine_shutdowns"] += 1
         # Requests still streaming after the grace period end now rather than wait forever.
-        from dataplane.engine.async_llm import EngineDeadError
-
         for rid in list(getattr(engine, "_streams", {})):
             engine._deliver(rid, EngineDeadError("the model was unloaded"))
         log.info("model unloaded")
@@ -179,8 +181,6 @@ class EngineSlot:
                 raise LoadError(f"model source {source!r}: not in this worker's model cache ({cached}); the worker "
                                 "does not download models: sync the object there first", permanent=True)
             source = str(cached)
-        from dataplane.models.registry import resolve_model_path
-
         try:
             resolve_model_path(source)
         except ValueError as exc:
@@ -204,8 +204,6 @@ class EngineSlot:
         """The model as it will serve (weights' quantization included) with the FP8 cache, against itself
         with the cache in its dtype; a replica that fails it does not load."""
         kv = args["kv_cache_dtype"]
-        from dataplane.quantize.gate import quality_gate
-
         method = spec.get("engine_quantization")
         at_load = method if method and source == spec["model"].get("base_source", source) else None
         try:
@@ -223,8 +221,6 @@ class EngineSlot:
         method = spec.get("engine_quantization")
         if not method:
             return None
-        from dataplane.quantize.gate import quality_gate
-
         baseline = spec["model"]["base_source"]
         kwargs = {}
         if source == baseline:
@@ -239,9 +235,6 @@ class EngineSlot:
         return result
 
     def _build(self, source: str, spec: dict):
-        from dataplane.config import CacheConfig, ModelConfig, SchedulerConfig
-        from dataplane.engine.async_llm import AsyncLLM
-
         args = {**self.state.config.engine_kwargs(), **(spec.get("engine_args") or {})}
         args.pop("progress", None)
         if spec.get("engine_quantization") == "gguf" and "int4_dense_above" not in (spec.get("engine_args") or {}) \
@@ -281,8 +274,6 @@ class EngineSlot:
 
     @staticmethod
     def _lora_config(spec: dict, args: dict):
-        from dataplane.config import LoRAConfig
-
         slots = int(spec["max_adapters"])
         return LoRAConfig(max_loras=min(int(args.get("max_loras", 4)), slots), max_cpu_loras=slots,
                           max_lora_rank=int(args.get("max_lora_rank", 16)))

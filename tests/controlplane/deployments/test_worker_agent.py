@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 import types
 
 import pytest
 
+from dataplane.worker.agent import slot as slot_module
 from dataplane.worker.agent import tasks
 from dataplane.worker.agent.client import ControlPlaneUnavailable, Gone
 from dataplane.worker.agent.settings import AgentSettings, parse_labels
@@ -179,10 +179,8 @@ def test_adapters_load_once_on_the_replica_they_were_placed_on(agent, tmp_path):
 
 def test_quantized_replicas_serve_only_after_the_quality_gate(agent, monkeypatch):
     verdict = {"passed": False}
-    gate = types.ModuleType("dataplane.quantize.gate")
-    gate.quality_gate = lambda candidate, baseline, method, quantization=None: types.SimpleNamespace(
-        passed=verdict["passed"], reason=f"{method} perplexity +9%")
-    monkeypatch.setitem(sys.modules, "dataplane.quantize.gate", gate)
+    monkeypatch.setattr(slot_module, "quality_gate", lambda candidate, baseline, method, quantization=None:
+                        types.SimpleNamespace(passed=verdict["passed"], reason=f"{method} perplexity +9%"))
     agent.control.specs[1] = spec(quantization="fp8")
     assert agent.runner.load_model(1, 1) == "failed"
     body = agent.control.reports[-1][1]

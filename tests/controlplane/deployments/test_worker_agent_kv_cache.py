@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 import types
+
+from dataplane.worker.agent import slot as slot_module
 
 from .test_worker_agent import agent, spec  # noqa: F401 - the fixture and the spec builder
 
@@ -17,9 +18,7 @@ def fake_gate(monkeypatch, verdicts: dict) -> list:
         which = "kv" if kv_cache_dtype != "auto" else "weights"
         return types.SimpleNamespace(passed=verdicts[which], reason=f"{which} perplexity +2%")
 
-    gate = types.ModuleType("dataplane.quantize.gate")
-    gate.quality_gate = quality_gate
-    monkeypatch.setitem(sys.modules, "dataplane.quantize.gate", gate)
+    monkeypatch.setattr(slot_module, "quality_gate", quality_gate)
     return calls
 
 
