@@ -2,7 +2,7 @@
 
     python -m benchmarks.serve_http_cost [--streams 32] [--tokens 200]
 
-A child process runs the worker's real HTTP stack (`dataplane.worker.app` on uvicorn) in front
+A child process runs the worker's real HTTP stack (`dataplane.worker.routes` on uvicorn) in front
 of a scripted engine that yields one token per request every 5 ms; the load generator streams
 from it. What the worker process and the load generator spend per token is then everything the
 HTTP path adds on top of the engine (parse, render, SSE send, metrics; the client's read), and
@@ -55,8 +55,8 @@ def serve_scripted(port: int) -> None:
 
     from dataplane.models.registry import resolve_model_path
     from dataplane.models.tokenizer import Tokenizer
-    from dataplane.worker.app import WorkerState, create_app
     from dataplane.worker.config import WorkerConfig
+    from dataplane.worker.routes import WorkerState, create_app
 
     tokenizer = Tokenizer.from_gguf(resolve_model_path(MODEL), ())
     state = WorkerState(WorkerConfig(model=MODEL), ScriptedEngine(tokenizer, 0.005))

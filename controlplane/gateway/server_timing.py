@@ -3,7 +3,7 @@
 The gateway's stages, in milliseconds: auth, checks, limits, journal (the usage journal's row,
 committed) and upstream (the connection and the worker's headers, retries included: a streaming worker
 sends its headers with the first token). The worker's own stages follow, named `worker-<stage>`
-(dataplane/worker/serving.py: accept, queue, prefill, send), a breakdown of `upstream`. Durations
+(dataplane/worker/openai_request.py: accept, queue, prefill, send), a breakdown of `upstream`. Durations
 only: nothing of other requests or tenants. benchmarks.flood reads it to say where a slow request
 waited.
 """

@@ -1,3 +1,3 @@
-from dataplane.worker.server import main
+from dataplane.worker.entry import main
 
 raise SystemExit(main())

@@ -29,8 +29,8 @@ from dataplane.outputs import RequestOutput
 from dataplane.sampling_params import SamplingParams
 from dataplane.worker import errors
 from dataplane.worker.adapters import resolve_model
-from dataplane.worker.run import RequestContext
-from dataplane.worker.serving import Serving, _parse, _priority
+from dataplane.worker.generation import RequestContext
+from dataplane.worker.openai_request import Serving, _parse, _priority
 from dataplane.worker.streaming import race_disconnect
 from dataplane.worker.unknown_fields import refuse_unknown
 

@@ -1,6 +1,6 @@
 """What the worker's routes share: the engine once loaded, metrics, usage memory, the drainer.
 
-Its own module so that the routes (app.py, adapters.py), the server and the agent all depend on it
+Its own module so that the routes (routes.py, adapters.py), the server and the agent all depend on it
 and it on none of them.
 """
 
@@ -18,7 +18,7 @@ from dataplane.worker.config import WorkerConfig
 from dataplane.worker.disaggregation import PrefillClient
 from dataplane.worker.drain import Drainer
 from dataplane.worker.metrics import WorkerMetrics
-from dataplane.worker.serving import Serving
+from dataplane.worker.openai_request import Serving
 from dataplane.worker.usage_memory import UsageMemory
 
 log = logging.getLogger("tessera.worker")

@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from dataplane.lora.manager import AdapterInfo, LoRAStats
-from dataplane.worker.app import WorkerState, create_app
 from dataplane.worker.config import WorkerConfig, load_config
+from dataplane.worker.routes import WorkerState, create_app
 from tests.dataplane.worker.fakes import FakeEngine
 
 

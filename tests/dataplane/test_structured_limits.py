@@ -15,8 +15,8 @@ from dataplane.engine.async_llm import AsyncLLM
 from dataplane.errors import QueueFullError
 from dataplane.structured.compile_process import CompileBusy, CompilePool, CompileTimeout
 from dataplane.structured.params import StructuredOutputs
-from dataplane.worker.app import WorkerState, create_app
 from dataplane.worker.config import WorkerConfig
+from dataplane.worker.routes import WorkerState, create_app
 from tests.dataplane.conftest import MODEL
 
 # Nested bounded repetitions in patterns compile slowly with SmolLM2's vocabulary: this schema takes

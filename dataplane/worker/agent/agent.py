@@ -26,7 +26,7 @@ import uuid
 from celery.worker import WorkController
 from kombu.asynchronous import set_event_loop
 
-from dataplane.worker.app import WorkerState
+from dataplane.worker.routes import WorkerState
 
 from . import tasks
 from .client import ControlPlaneClient, ControlPlaneRejected, ControlPlaneUnavailable, NotRegistered

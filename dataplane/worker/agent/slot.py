@@ -30,8 +30,8 @@ from dataplane.engine.passing_thread import call_in_passing_thread
 from dataplane.models.registry import resolve_model_path
 from dataplane.quantize.gate import quality_gate
 from dataplane.worker.adapter_root import OutsideAdapterRoot, resolve_in_root
-from dataplane.worker.app import WorkerState
 from dataplane.worker.metrics import WorkerMetrics
+from dataplane.worker.routes import WorkerState
 from dataplane.worker.state import measure_load_curve, warm_up
 
 log = logging.getLogger("tessera.worker.agent")

@@ -8,8 +8,8 @@ import pytest
 from controlplane.deployments import reconciler, services
 from controlplane.deployments.models import Adapter, AdapterPlacement, Replica
 from dataplane.worker.agent.slot import EngineSlot, LoadError
-from dataplane.worker.app import WorkerState
 from dataplane.worker.config import WorkerConfig
+from dataplane.worker.routes import WorkerState
 
 pytestmark = pytest.mark.django_db
 

@@ -12,8 +12,8 @@ from dataplane.worker.agent import tasks
 from dataplane.worker.agent.client import ControlPlaneUnavailable, Gone
 from dataplane.worker.agent.settings import AgentSettings, parse_labels
 from dataplane.worker.agent.slot import EngineSlot
-from dataplane.worker.app import WorkerState
 from dataplane.worker.config import WorkerConfig
+from dataplane.worker.routes import WorkerState
 
 
 class FakeEngine:

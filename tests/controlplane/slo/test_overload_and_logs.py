@@ -68,7 +68,7 @@ class _Engine:
 
 def test_worker_refuses_low_priorities_first():
     from dataplane.worker import errors
-    from dataplane.worker.serving import Serving
+    from dataplane.worker.openai_request import Serving
 
     config = WorkerConfig(model="m", waiting_limits="20=32,30=8")
     serving = Serving.__new__(Serving)

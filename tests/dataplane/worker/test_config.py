@@ -35,7 +35,7 @@ def test_bad_settings_name_the_field(argv, env, field):
 
 
 def test_usage_memory_bounds_reach_the_worker_state():
-    from dataplane.worker.app import WorkerState
+    from dataplane.worker.routes import WorkerState
 
     c = load_config(["--model", "x", "--usage-memory-entries", "500"], {"TESSERA_WORKER_USAGE_MEMORY_SECONDS": "90.5"})
     usage = WorkerState(c).usage

@@ -7,8 +7,8 @@ import asyncio
 import orjson
 import pytest
 
-from dataplane.worker.app import WorkerState, create_app
 from dataplane.worker.config import WorkerConfig
+from dataplane.worker.routes import WorkerState, create_app
 
 from .fakes import FakeEngine
 

@@ -15,8 +15,8 @@ import torch
 
 from dataplane.config import CacheConfig, ModelConfig
 from dataplane.engine.async_llm import AsyncLLM
-from dataplane.worker.app import WorkerState, create_app
 from dataplane.worker.config import WorkerConfig
+from dataplane.worker.routes import WorkerState, create_app
 from tests.dataplane.quant.tiny import loaded, tiny_args, tiny_tensors
 from tests.dataplane.test_embeddings import hf_model, oracle
 

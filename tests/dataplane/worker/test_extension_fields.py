@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from .test_app import CHAT, make
+from .test_routes import CHAT, make
 
 COMPLETION = {"model": "fake", "prompt": "hi", "max_tokens": 2}
 

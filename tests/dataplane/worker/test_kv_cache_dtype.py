@@ -7,8 +7,8 @@ import types
 import httpx
 import pytest
 
-from dataplane.worker.app import WorkerState, create_app
 from dataplane.worker.config import load_config
+from dataplane.worker.routes import WorkerState, create_app
 
 from .fakes import FakeEngine
 

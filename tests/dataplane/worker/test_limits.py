@@ -6,8 +6,8 @@ import httpx
 import pytest
 
 from dataplane.sampling_params import MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS
-from dataplane.worker.app import WorkerState, create_app
 from dataplane.worker.config import WorkerConfig
+from dataplane.worker.routes import WorkerState, create_app
 
 from .fakes import FakeEngine
 

@@ -9,9 +9,9 @@ import re
 import orjson
 import pytest
 
-from dataplane.worker.app import create_app
+from dataplane.worker.routes import create_app
 
-from .test_app import CHAT, make, sse
+from .test_routes import CHAT, make, sse
 
 PROMPT = len("<user>hi<assistant>")  # the fake chat template's tokens (one per character)
 ACCOUNTING = {"X-Tessera-Accounting": "1"}

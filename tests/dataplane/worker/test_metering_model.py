@@ -9,8 +9,8 @@ import pytest
 
 from dataplane.config import CacheConfig, ModelConfig
 from dataplane.engine.async_llm import AsyncLLM
-from dataplane.worker.app import WorkerState, create_app
 from dataplane.worker.config import WorkerConfig
+from dataplane.worker.routes import WorkerState, create_app
 
 from .test_metering import ACCOUNTING, frames
 

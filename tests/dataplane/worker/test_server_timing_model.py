@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from controlplane.gateway.server_timing import parse
-from dataplane.worker.app import WorkerState, create_app
 from dataplane.worker.config import WorkerConfig
+from dataplane.worker.routes import WorkerState, create_app
 
 from .test_metering_model import MODEL, engine  # noqa: F401  (its module-scoped SmolLM2 engine)
 

@@ -7,8 +7,8 @@ import pytest
 
 from dataplane.config import CacheConfig, ModelConfig, SchedulerConfig
 from dataplane.engine.async_llm import AsyncLLM
-from dataplane.worker.app import WorkerState, create_app
 from dataplane.worker.config import WorkerConfig
+from dataplane.worker.routes import WorkerState, create_app
 from tests.dataplane.quant.tiny import loaded, tiny_args, tiny_tensors
 
 PROMPT = [5, 6, 7, 8, 9]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from controlplane.localstack import worker_threads
-from dataplane.worker import server
+from dataplane.worker import entry
 from dataplane.worker.agent import __main__ as agent_main
 
 
@@ -46,9 +46,9 @@ def test_a_standalone_worker_applies_its_threads(monkeypatch, restore_threads):
         raise _Stop(torch.get_num_threads())
 
     monkeypatch.delenv("TESSERA_CONTROL_PLANE_URL", raising=False)
-    monkeypatch.setattr(server, "WorkerState", state)
+    monkeypatch.setattr(entry, "WorkerState", state)
     with pytest.raises(_Stop) as stopped:
-        server.main(["--threads", "1", "--model", "m"])
+        entry.main(["--threads", "1", "--model", "m"])
     assert stopped.value.args == (1,)
 
 

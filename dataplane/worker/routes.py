@@ -25,7 +25,7 @@ from starlette.routing import Route
 from dataplane.scheduler.fairness import MAX_WEIGHT
 from dataplane.worker import adapters, disaggregation, embeddings, errors, usage_route
 from dataplane.worker.drain import Draining
-from dataplane.worker.run import RequestContext
+from dataplane.worker.generation import RequestContext
 from dataplane.worker.state import WorkerState
 from dataplane.worker.streaming import ClientGone, EventStream
 

@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from dataplane.errors import QueueFullError
-from dataplane.worker.app import WorkerState, create_app
 from dataplane.worker.config import WorkerConfig
+from dataplane.worker.routes import WorkerState, create_app
 
 from .fakes import FakeEngine
 

@@ -27,10 +27,10 @@ from dataplane.worker import errors
 from dataplane.worker.adapters import resolve_model
 from dataplane.worker.config import WorkerConfig
 from dataplane.worker.disaggregation import PrefillClient
+from dataplane.worker.generation import Generation, Job, RequestContext
 from dataplane.worker.metrics import WorkerMetrics
 from dataplane.worker.protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from dataplane.worker.render import Renderer, TokenText
-from dataplane.worker.run import Generation, Job, RequestContext
 from dataplane.worker.streaming import EventStream, race_disconnect
 from dataplane.worker.tool_parsers import get_parser, guess_parser
 from dataplane.worker.tool_parsers import template as tool_templates

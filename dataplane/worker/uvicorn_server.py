@@ -1,6 +1,6 @@
-"""The uvicorn server with the worker's SIGTERM drain (see server.py for why), and its timeouts.
+"""The uvicorn server with the worker's SIGTERM drain (see entry.py for why), and its timeouts.
 
-Shared by the plain worker (server.py) and the managed one (agent/__main__.py); its own module so
+Shared by the plain worker (entry.py) and the managed one (agent/__main__.py); its own module so
 neither entry point imports the other.
 """
 
