@@ -34,11 +34,22 @@ from pathlib import Path
 
 import httpx
 import orjson
+import torch
 
-from benchmarks.common import db_step, db_step_process, environment, fmt, stop_processes, write_results
+from benchmarks.common import (
+    db_step,
+    db_step_process,
+    environment,
+    fmt,
+    run_child,
+    stop_processes,
+    write_results,
+)
 from benchmarks.gateway import free_port, wait_http
 from benchmarks.load import MODEL, TIERS, WORKER_FLAGS, drive, summarize
 from benchmarks.serve import wait_ready
+from dataplane.engine.llm import LLM
+from dataplane.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
 PREMIUM = TIERS[-1]
@@ -94,19 +105,22 @@ def wait_batch(url: str, key: str, batch_id: str, predicate, timeout: float) -> 
     return current
 
 
+def offline_chat(lines: int, max_tokens: int) -> dict:
+    """In a process of its own (run_child): the engine, 1 thread, on the batch's requests -> seconds, tokens."""
+    torch.set_num_threads(1)
+    llm = LLM(MODEL, max_num_seqs=8, max_num_batched_tokens=256, kv_cache_memory="256MiB")
+    convs = [[{"role": "user", "content": f"Write a short note about batch item number {i}."}] for i in range(lines)]
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    llm.chat(convs[:4], params)
+    t = time.perf_counter()
+    outs = llm.chat(convs, params)
+    seconds = time.perf_counter() - t
+    return {"seconds": seconds, "tokens": sum(len(o.outputs[0].token_ids) for o in outs)}
+
+
 def offline(lines: int, max_tokens: int) -> dict:
     """The engine alone on the same requests, with the worker's scheduler settings and threads."""
-    code = (
-        "import json, time, torch; torch.set_num_threads(1);"
-        "from dataplane.engine.llm import LLM; from dataplane.sampling_params import SamplingParams;"
-        f"llm = LLM({MODEL!r}, max_num_seqs=8, max_num_batched_tokens=256, kv_cache_memory='256MiB');"
-        f"convs = [[{{'role': 'user', 'content': f'Write a short note about batch item number {{i}}.'}}] for i in range({lines})];"
-        f"sp = SamplingParams(max_tokens={max_tokens}, temperature=0, ignore_eos=True);"
-        "llm.chat(convs[:4], sp); t = time.perf_counter(); outs = llm.chat(convs, sp); s = time.perf_counter() - t;"
-        "print(json.dumps({'seconds': s, 'tokens': sum(len(o.outputs[0].token_ids) for o in outs)}))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True)
-    result = orjson.loads(out.stdout.strip().splitlines()[-1])
+    result = run_child("benchmarks.batch_impact:offline_chat", lines=lines, max_tokens=max_tokens)
     return {**result, "requests_per_s": lines / result["seconds"], "tokens_per_s": result["tokens"] / result["seconds"]}
 
 

@@ -88,6 +88,14 @@ def db_step(env: dict[str, str], step: str, **kwargs: Any) -> Any:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def run_child(target: str, env: dict[str, str] | None = None, **kwargs: Any) -> Any:
+    """`target` ("module:function") called with `kwargs` in a fresh process (benchmarks.child), to its result;
+    `env` is added to this process's environment."""
+    out = subprocess.run([sys.executable, "-m", "benchmarks.child", target, json.dumps(kwargs)], cwd=ROOT,
+                         env={**os.environ, **(env or {})}, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def stop_processes(procs: list[subprocess.Popen], timeout: float) -> None:
     """Terminate every process, then wait for each up to `timeout` s, killing one that has not exited."""
     for proc in procs:

@@ -18,16 +18,15 @@ Writes benchmarks/results/linear_cpu.json and .md. The ratios depend on the CPU:
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 
 import torch
 
-from benchmarks.common import environment, write_results
+from benchmarks.common import environment, run_child, write_results
+from dataplane import SamplingParams
+from dataplane.config import CacheConfig, ModelConfig, SchedulerConfig
+from dataplane.engine.core import EngineCore
 from dataplane.models.layers import Linear
 from dataplane.quant import DenseLinear
 
@@ -36,27 +35,27 @@ SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in) of qkv,
 VOCAB = 49152
 ROWS = (1, 4, 32)
 
-ENGINE_SCRIPT = """
-import json, statistics, sys, time, torch
-torch.set_num_threads(int(sys.argv[3]))
-from dataplane import SamplingParams
-from dataplane.config import CacheConfig, ModelConfig, SchedulerConfig
-from dataplane.engine.core import EngineCore
-core = EngineCore(ModelConfig("smollm2-135m-instruct", dtype=sys.argv[1], weight_dtype=sys.argv[2]), CacheConfig(kv_cache_memory="512MiB"),
-                  SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=512), progress=False)
-out = {}
-for bs in (1, 32):
-    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
-    for i in range(bs):
-        core.add(*core.make_requests(list(range(100 + i, 228 + i)), params))
-    steps = []
-    while core.has_unfinished():
-        t0 = time.perf_counter(); outs = core.step(delta=True); dt = time.perf_counter() - t0
-        if all(len(c.token_ids) == 1 for o in outs for c in o.outputs) and len(outs) == bs:
-            steps.append(dt)  # decode steps only: every request got exactly one token
-    out[bs] = statistics.median(steps) * 1e3
-print(json.dumps(out))
-"""
+def engine_steps(dtype: str, weight_dtype: str, threads: int) -> dict[int, float]:
+    """The engine's median decode step (ms) at batch 1 and 32; run in a process of its own (run_child),
+    so that its threads and TESSERA_ONEDNN_LINEAR are its own."""
+    torch.set_num_threads(threads)
+    core = EngineCore(ModelConfig("smollm2-135m-instruct", dtype=dtype, weight_dtype=weight_dtype),
+                      CacheConfig(kv_cache_memory="512MiB"),
+                      SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=512), progress=False)
+    out = {}
+    for bs in (1, 32):
+        params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+        for i in range(bs):
+            core.add(*core.make_requests(list(range(100 + i, 228 + i)), params))
+        steps = []
+        while core.has_unfinished():
+            t0 = time.perf_counter()
+            outs = core.step(delta=True)
+            dt = time.perf_counter() - t0
+            if all(len(c.token_ids) == 1 for o in outs for c in o.outputs) and len(outs) == bs:
+                steps.append(dt)  # decode steps only: every request got exactly one token
+        out[bs] = statistics.median(steps) * 1e3
+    return out
 
 
 # label, dtype, weight_dtype, environment
@@ -123,10 +122,9 @@ def main() -> None:
             for label, dtype, weight_dtype, env in ENGINE_CONFIGS:
                 if dtype == "bfloat16" and r > 0:
                     continue  # one bf16 run: it is several times slower, and only a reference
-                res = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, dtype, weight_dtype, str(args.threads)],
-                                     env={**os.environ, **env},
-                                     capture_output=True, text=True, check=True)
-                got = {int(k): v for k, v in json.loads(res.stdout.strip().splitlines()[-1]).items()}
+                res = run_child("benchmarks.linear_cpu:engine_steps", env=env, dtype=dtype,
+                                weight_dtype=weight_dtype, threads=args.threads)
+                got = {int(k): v for k, v in res.items()}
                 runs.setdefault(label, []).append(got)
                 print(f"round {r}: {label} {got}", flush=True)
         engine = {label: {bs: statistics.median(x[bs] for x in xs) for bs in (1, 32)} for label, xs in runs.items()}

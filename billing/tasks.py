@@ -16,6 +16,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from billing import services, signals, stripe_sync
+from common.instants import parse_month
 
 logger = logging.getLogger("tessera.billing")
 
@@ -84,7 +85,7 @@ def usage_daily_rollup(day: str | None = None) -> int:
 def invoices_build_month(month: str | None = None, finalize: bool = False) -> list[int]:
     """Draft (or finalize) a month's invoices; default: the previous month."""
     if month:
-        first = date.fromisoformat(f"{month}-01")
+        first = parse_month(month)
     else:
         first = (timezone.now().date().replace(day=1) - timedelta(days=1)).replace(day=1)
     return services.invoices_build_month(month=first, finalize=finalize)

@@ -11,6 +11,7 @@ from rest_framework import exceptions, renderers
 from rest_framework.views import APIView
 
 from billing import exports
+from common.instants import parse_instant
 from common.renderers import CSVRenderer, ParquetRenderer
 from tenants.api.permissions import IsFinance
 from tenants.selectors import tenant_id_by_id_or_slug
@@ -20,12 +21,9 @@ def _instant(raw: str | None, name: str) -> datetime:
     if not raw:
         raise exceptions.ValidationError({name: "required (ISO date or datetime)"})
     try:
-        value = datetime.fromisoformat(raw) if "T" in raw or " " in raw else datetime.combine(
-            date.fromisoformat(raw), time.min
-        )
+        return parse_instant(raw)
     except ValueError:
-        raise exceptions.ValidationError({name: f"not an ISO date or datetime: {raw!r}"}) from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+        raise exceptions.ValidationError({name: f"not an ISO date or datetime: {raw[:40]!r}"}) from None
 
 
 def _tenant_id(raw: str | None) -> int | None:

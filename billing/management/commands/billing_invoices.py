@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import date
-
 from django.core.management.base import BaseCommand, CommandError
 
 from billing.models import Invoice
 from billing.services import invoices_build_month
+from common.instants import parse_month
 
 
 class Command(BaseCommand):
@@ -19,7 +18,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, month: str, finalize: bool, **options) -> None:
         try:
-            first = date.fromisoformat(f"{month}-01")
+            first = parse_month(month)
         except ValueError:
             raise CommandError(f"--month must be YYYY-MM, got {month!r}") from None
         ids = invoices_build_month(month=first, finalize=finalize)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, time
+from datetime import UTC, datetime, time
 
 from django.core.management.base import BaseCommand, CommandError
 
 from billing import exports
 from billing.management.export_out import write_export
 from billing.services.invoices import month_bounds
+from common.instants import parse_month
 from tenants.selectors import tenant_id_by_id_or_slug
 
 
@@ -23,7 +24,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, month: str, format: str, out: str | None, tenant: str | None, **options) -> None:
         try:
-            first = date.fromisoformat(f"{month}-01")
+            first = parse_month(month)
         except ValueError:
             raise CommandError(f"--month must be YYYY-MM, got {month!r}") from None
         period_start, period_end = month_bounds(first)

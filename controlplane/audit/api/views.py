@@ -3,7 +3,7 @@ operators and finance read any tenant's and export everything (CSV, JSON Lines).
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, time
+from datetime import datetime
 
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
@@ -13,6 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from common.instants import parse_instant
 from common.pagination import Pages
 from common.renderers import CSVRenderer, JSONLinesRenderer
 from tenants.api.permissions import IsFinance, IsOperator
@@ -34,11 +35,9 @@ def instant(raw: str | None, name: str) -> datetime | None:
     if not raw:
         return None
     try:
-        value = datetime.fromisoformat(raw) if "T" in raw or " " in raw else datetime.combine(
-            date.fromisoformat(raw), time.min)
+        return parse_instant(raw)
     except ValueError:
         raise exceptions.ValidationError({name: f"not an ISO date or datetime: {raw[:40]!r}"}) from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def _filters(request: Request) -> dict:
