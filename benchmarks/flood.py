@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -197,8 +198,21 @@ def cpu_shares(roles: dict[str, list[int]]) -> dict[str, float]:
     return shares
 
 
+# How the flooding client is scheduled on this host. `nice10`: as the issue ran it, so the flood's own
+# client CPU (0.77 of 2 cores on an AMD EPYC) competes with the stack at a lower weight; `idle`: SCHED_IDLE,
+# it runs only on a core nothing else wants, the nearest this one host comes to a flood from other hosts
+# (what the server must pay for: the gateway's refusals, stays on the server either way).
+FLOOD_PRIORITIES = ("nice10", "idle")
+
+
+def _flooder_priority(priority: str):
+    if priority == "nice10":
+        return lambda: os.nice(10)
+    return lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
 def run_one(wait: str, threads: str, port: int, seconds: float, premium_n: int, concurrency: int,
-            rate: float, tokens: int) -> dict:
+            rate: float, tokens: int, priority: str = "nice10") -> dict:
     var = Path(tempfile.mkdtemp(prefix="tessera-flood-"))
     proc, url = _stack(var, port, wait, threads)
     try:
@@ -207,10 +221,10 @@ def run_one(wait: str, threads: str, port: int, seconds: float, premium_n: int, 
         quiet_stages: list[dict[str, float]] = []
         quiet = ttfts(url, premium, MODEL, premium_n, tokens, stages=quiet_stages, itls=quiet_itl)  # after 3 unmeasured
         web = _stack_pids(proc)["gateway"][0]  # this stack's (a test's gateway may run beside it)
-        flooder = subprocess.Popen(["nice", "-n", "10", sys.executable, "-m", "benchmarks.flood", "--flooder", url,
+        flooder = subprocess.Popen([sys.executable, "-m", "benchmarks.flood", "--flooder", url,
                                     "--key", free, "--seconds", str(seconds), "--concurrency", str(concurrency),
                                     "--rate", str(rate)],
-                                   cwd=ROOT, stdout=subprocess.PIPE, text=True)
+                                   cwd=ROOT, stdout=subprocess.PIPE, text=True, preexec_fn=_flooder_priority(priority))
         time.sleep(2.0)
         roles = {**_stack_pids(proc), "flooder": [flooder.pid], "premium client": [os.getpid()]}
         shares0 = cpu_shares(roles)
@@ -238,7 +252,7 @@ def run_one(wait: str, threads: str, port: int, seconds: float, premium_n: int, 
     # flood's refusals cost on the gateway's path, apart from sharing the engine with the free tier's
     # admitted requests (a step in flight when the premium one arrives: `worker-queue`).
     idle = [t for t, st in zip(flooded, stages, strict=True) if st.get("worker-queue", 0.0) < 1.0]
-    return {"wait": wait, "threads": threads, "quiet_p50": percentile(quiet, 50), "quiet_p95": q95,
+    return {"wait": wait, "threads": threads, "flood_priority": priority, "quiet_p50": percentile(quiet, 50), "quiet_p95": q95,
             "flooded_p50": percentile(flooded, 50), "flooded_p95": f95, "p95_ratio": f95 / q95,
             "quiet_itl_p50": percentile(quiet_itl, 50), "flooded_itl_p50": percentile(flooded_itl, 50),
             "flooded_itl_p95": percentile(flooded_itl, 95),
@@ -277,6 +291,10 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=0.0,
                     help="flood requests a second, whatever the answers' speed (open loop); 0: closed loop")
     ap.add_argument("--port", type=int, default=8300)
+    ap.add_argument("--flood-priority", default="nice10",
+                    help=f"the flooding client's scheduling, one or several of {', '.join(FLOOD_PRIORITIES)} "
+                         "(comma-separated; each configuration runs under each)")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat every configuration and priority, interleaved")
     ap.add_argument("--flooder", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--key", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -287,29 +305,34 @@ def main() -> None:
     from benchmarks.common import _cpu_name, write_results
 
     configs = [c.split(":") for c in args.configs.split(",")]
-    rows = [run_one(w, t, args.port, args.seconds, args.premium, args.concurrency, args.rate, args.premium_tokens)
-            for w, t in configs]
+    priorities = args.flood_priority.split(",")
+    if unknown := set(priorities) - set(FLOOD_PRIORITIES):
+        raise SystemExit(f"--flood-priority: unknown {sorted(unknown)}; use {', '.join(FLOOD_PRIORITIES)}")
+    rows = [run_one(w, t, args.port, args.seconds, args.premium, args.concurrency, args.rate, args.premium_tokens, p)
+            for _ in range(args.rounds) for w, t in configs for p in priorities]
     cpu, when = _cpu_name(), time.strftime("%Y-%m-%d %H:%M")
     lines = [f"# Free-tier flood vs premium TTFT through `make run` ({cpu}, {os.cpu_count()} cores, {when})", "",
              f"`python -m benchmarks.flood --seconds {args.seconds:g} --premium {args.premium} --concurrency "
-             f"{args.concurrency} --premium-tokens {args.premium_tokens} --configs {args.configs} --rate {args.rate:g}`: the real stack (SQLite, file-system broker, one SmolLM2 "
+             f"{args.concurrency} --premium-tokens {args.premium_tokens} --configs {args.configs} --rate {args.rate:g} "
+             f"--flood-priority {args.flood_priority} --rounds {args.rounds}`: the real stack (SQLite, file-system broker, one SmolLM2 "
              f"CPU worker); premium streamed chat, max_tokens {args.premium_tokens}, one at a time; worker threads `default`: "
              "make run's choice (cores − 1, controlplane/localstack.py); the flood from its own process "
-             f"at nice 10, " + (f"{args.rate:g} streamed requests a second (open loop, at most {args.concurrency} in "
+             "at nice 10 or under SCHED_IDLE (flood priority `idle`: it runs only on a core nothing else wants, the "
+             "nearest one host comes to a flood from elsewhere), " + (f"{args.rate:g} streamed requests a second (open loop, at most {args.concurrency} in "
                                  "flight)" if args.rate else f"{args.concurrency} streamed requests in flight (closed loop)")
              + ". The slowest tenth of the premium requests, quiet and flooded: the mean of each gateway stage (their "
              "Server-Timing: the gateway's stages, then the worker's, a breakdown of `upstream`) and of the rest of the "
              "TTFT (the relay). Engine idle at arrival: the flooded premium requests the engine scheduled within 1 ms "
              "(no step in flight), their p95 against quiet: what the flood costs on the gateway's path, apart from "
              "sharing the engine with the free tier's admitted requests.", "",
-             "| OMP_WAIT_POLICY | worker threads | premium TTFT p50 / p95 quiet (ms) | flooded (ms) | **p95 ×** | "
+             "| OMP_WAIT_POLICY | worker threads | flood priority | premium TTFT p50 / p95 quiet (ms) | flooded (ms) | **p95 ×** | "
              "flooded, engine idle at arrival: n, p95 (ms, ×) | "
              "premium ms/token p50 quiet / flooded (p95) | flood answers/s | "
              "flood statuses (429s by reason) | gateway CPU ms per flood answer | cores in use while flooded | "
              "slowest tenth: ms per stage, quiet → flooded |",
-             "|---|---|---:|---:|---:|---|---:|---:|---|---:|---|---|"]
+             "|---|---|---|---:|---:|---:|---|---:|---:|---|---:|---|---|"]
     for r in rows:
-        lines.append(f"| {r['wait']} | {r['threads']} | {r['quiet_p50']:.0f} / {r['quiet_p95']:.0f} | {r['flooded_p50']:.0f} / "
+        lines.append(f"| {r['wait']} | {r['threads']} | {r['flood_priority']} | {r['quiet_p50']:.0f} / {r['quiet_p95']:.0f} | {r['flooded_p50']:.0f} / "
                      f"{r['flooded_p95']:.0f} | **{r['p95_ratio']:.2f}×** | "
                      + (f"{r['idle_n']}, {r['idle_p95']:.0f} ({r['idle_ratio']:.2f}×)" if r["idle_n"] else "0") + " | "
                      f"{r['quiet_itl_p50']:.0f} / {r['flooded_itl_p50']:.0f} "
@@ -320,6 +343,10 @@ def main() -> None:
                      + ", ".join(f"{k} {v:.2f}" for k, v in r["cores_used"].items()) + " | "
                      + ", ".join(f"{k} {r['quiet_slowest'].get(k, 0):.0f} → {v:.0f}" for k, v in r["slowest"].items())
                      + " |")
+    if len(rows) > len(configs) * len(priorities):  # several rounds: the spread, which single runs hide
+        lines += ["", "Premium TTFT p95 flooded / quiet over the rounds, by flood priority: " + "; ".join(
+            f"{p}: median {statistics.median(xs):.2f}× ({min(xs):.2f}–{max(xs):.2f}, {len(xs)} runs)"
+            for p in priorities if (xs := [r["p95_ratio"] for r in rows if r["flood_priority"] == p])) + "."]
     write_results("flood", {"cpu": cpu, "cores": os.cpu_count(), "when": when, "rows": rows}, "\n".join(lines))
     print("\n".join(lines))
 

@@ -52,3 +52,23 @@ def test_the_stacks_processes_are_found_by_role_among_the_launchers_descendants(
         for proc in (outside, launcher):
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("priority", ["nice10", "idle"])
+def test_the_flooding_client_runs_at_its_priority(priority):
+    import os
+    import subprocess
+    import sys
+
+    from benchmarks.flood import _flooder_priority
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], preexec_fn=_flooder_priority(priority))
+    try:
+        if priority == "idle":
+            assert os.sched_getscheduler(child.pid) == os.SCHED_IDLE
+        else:
+            assert os.sched_getscheduler(child.pid) == os.SCHED_OTHER
+            assert os.getpriority(os.PRIO_PROCESS, child.pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
+    finally:
+        child.kill()
+        child.wait()
