@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
@@ -17,7 +17,7 @@ def test_a_date_is_its_midnight_in_utc_and_a_naive_datetime_is_utc():
 
 def test_an_offset_is_kept():
     value = parse_instant("2026-11-01T12:00:00+02:00")
-    assert value.utcoffset() == timedelta(hours=2) and value == datetime(2026, 11, 1, 10, tzinfo=timezone.utc)
+    assert value.utcoffset() == timedelta(hours=2) and value == datetime(2026, 11, 1, 10, tzinfo=UTC)
 
 
 @pytest.mark.parametrize("raw", ["", "yesterday", "2026-13-01", "2026-11-01\x00", "2026-11-01T25:00"])
