@@ -25,6 +25,7 @@ import httpx
 import orjson
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
+from common import write_priority
 from common.asyncdb import db_call
 from common.client_ip import client_ip
 from common.errors import ApplicationError
@@ -181,7 +182,8 @@ async def reserve(principal: KeyPrincipal, parsed: parsing.ParsedRequest, target
     remembered = refusals.recall(plan)  # a tenant out of requests per minute: no limiter round trip
     if remembered is not None:
         raise refusal(remembered, principal.tenant_slug, plan.tokens)
-    async with refusals.one_at_a_time(principal.tenant_id):  # a flooding tenant: its requests in turn
+    # A flooding tenant's requests ask in turn; all of a tenant's, where the limiter serialises them anyway.
+    async with refusals.one_at_a_time(principal.tenant_id, always=get_limiter().in_turn):
         return await _ask_limiter(principal, plan)
 
 
@@ -195,13 +197,29 @@ async def _ask_limiter(principal: KeyPrincipal, plan: LimitPlan):
     decision = await limiter.reserve(plan)
     if decision is None:  # no counter for this month (a new month, or Redis lost it): seed from the ledger
         # Spend is counted only under a spend budget (only then are requests priced at admission).
-        seed = await accounting.budget_seed(principal.tenant_id, period,
-                                            with_spend=principal.limits.monthly_spend_budget is not None)
+        seed = await _budget_seed(principal.tenant_id, period, principal.limits.monthly_spend_budget is not None)
         decision = await limiter.reserve(plan, seed=seed)
     if not decision.allowed:
         refusals.remember(plan, decision, asked_at)
         raise refusal(decision, principal.tenant_slug, plan.tokens)
     return plan, period, decision
+
+
+_seeding: dict[tuple[int, int, dt.date, bool], asyncio.Future] = {}  # (event loop, tenant, month, spend) -> seed
+
+
+async def _budget_seed(tenant_id: int, period: dt.date, with_spend: bool):
+    """The month's seed, computed once for the requests of a tenant that ask at the same time: the
+    first of a month (or after Redis lost its counters) each found no counter, and each summing the
+    ledger was a burst of the same aggregate queries. One seed serves them all: the limiter creates the
+    counter from the first one it is given and ignores the rest (the counter exists by then)."""
+    key = (id(asyncio.get_running_loop()), tenant_id, period, with_spend)
+    running = _seeding.get(key)
+    if running is None:
+        running = _seeding[key] = asyncio.ensure_future(
+            accounting.budget_seed(tenant_id, period, with_spend=with_spend))
+        running.add_done_callback(lambda _done: _seeding.pop(key, None))
+    return await asyncio.shield(running)  # a waiter that leaves does not cancel it for the others
 
 
 async def open_upstream(
@@ -290,6 +308,7 @@ async def handle(request: HttpRequest, kind: str, *, body: bytes | None = None,
     try:
         principal = principal or await authenticate(request)
         tier = principal.limits.tier
+        write_priority.current.set(principal.limits.priority)  # its writes wait their turn by its tier
         timing.mark("auth")
         parsed, target = await checked(principal, raw, kind)
         timing.mark("checks")

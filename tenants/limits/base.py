@@ -115,6 +115,11 @@ class Settlement:
 
 
 class Limiter(Protocol):
+    # Whether this limiter's decisions for one tenant are serialised anyway (a row lock): the gateway
+    # then asks it one request of a tenant at a time (refusals.one_at_a_time), so one tenant's burst
+    # waits on an asyncio lock instead of holding every thread of the database executor.
+    in_turn: bool
+
     async def reserve(self, plan: LimitPlan, *, seed: BudgetSeed | None = None) -> Decision | None:
         """Admit or refuse. None means: this month has no counter for the tenant (yet, or any more); call
         again with `seed` (what the ledger and the journal say was used)."""

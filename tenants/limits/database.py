@@ -228,6 +228,8 @@ def _usage(tenant_id: int, period: dt.date) -> tuple[int, int]:
 
 
 class DatabaseLimiter:
+    in_turn = True  # a tenant's decisions queue on its row lock (SQLite: on the one write lock)
+
     async def reserve(self, plan: LimitPlan, *, seed: BudgetSeed | None = None) -> Decision | None:
         return await db_call(_reserve, plan, seed)
 

@@ -147,6 +147,8 @@ def _keys(tenant_id: int, request_id: str, period: dt.date) -> list[str]:
 
 
 class RedisLimiter:
+    in_turn = False  # one atomic script a decision, no lock held: a tenant's requests may ask at once
+
     def __init__(self, url: str) -> None:
         if not url:
             raise ValueError("The Redis limiter needs REDIS_URL")

@@ -97,8 +97,9 @@ def remember(plan: LimitPlan, decision: Decision, asked_at: float) -> None:
 
 
 @asynccontextmanager
-async def one_at_a_time(tenant_id: int) -> AsyncIterator[None]:
-    """Around a limiter call: a tenant with a refusal remembered in the last RECENT_SECONDS asks the
+async def one_at_a_time(tenant_id: int, *, always: bool = False) -> AsyncIterator[None]:
+    """Around a limiter call: a tenant with a refusal remembered in the last RECENT_SECONDS (or any
+    tenant, with `always`: a limiter whose decisions for a tenant queue on a lock anyway) asks the
     limiter one request at a time in this process, each after the one before has answered.
 
     When its remembered refusal ends (a quarter second for a concurrency refusal, or a slot settling
@@ -106,9 +107,17 @@ async def one_at_a_time(tenant_id: int) -> AsyncIterator[None]:
     run's SQLite that was a burst of write transactions, and of threads of the executor, that a paying
     tenant's reservation and key lookup queued behind. In turn, the first asks; if it is refused again
     the rest are answered from memory (the caller recalls after entering), and if a slot had freed it
-    takes it and the next one asks. Any other tenant passes straight through."""
+    takes it and the next one asks. Any other tenant passes straight through, unless `always`.
+
+    `always` is for the database limiter: each of its decisions holds the tenant's row (SQLite: the
+    process's one write lock) to the end, so a tenant's requests wait for each other there anyway. In
+    parallel they waited holding threads of the database executor: a new tenant's first burst (48
+    requests, none refused yet, each also seeding its month counter) took all six of a 2-core
+    gateway's for ~80 ms, and every other tenant's reservation and key lookup queued behind them
+    (benchmarks.flood, the flood's first second). In turn they hold one thread, and once one is
+    refused the rest are answered from memory."""
     refused = _refused_at.get(tenant_id)
-    if refused is None or time.monotonic() - refused > RECENT_SECONDS:
+    if not always and (refused is None or time.monotonic() - refused > RECENT_SECONDS):
         yield
         return
     key = (id(asyncio.get_running_loop()), tenant_id)

@@ -251,12 +251,70 @@ async def test_when_a_concurrency_refusal_ends_the_flood_asks_the_limiter_one_at
                                   for _ in range(24)))
     assert [r.status for r in herd] == [429] * 24
     assert in_flight["calls"] == 1 and in_flight["most"] == 1  # one asked; 23 answered from its refusal
-    # Another tenant is not in that line: its requests reach the limiter side by side.
+    # Another tenant is not in that line: while one of the flooding tenant's requests asks, the other
+    # tenant's reach the limiter beside it, in a line of their own (this limiter serialises each
+    # tenant's decisions on its row anyway, so every tenant asks in turn: never three at once).
+    await asyncio.sleep(refusals.CONCURRENCY_MEMORY_SECONDS + 0.05)  # the refusal has expired again
     in_flight.update(calls=0, most=0)
+    asking = asyncio.create_task(call(application, "/v1/chat/completions", [CHAT], headers=headers))
     others = await asyncio.gather(*(call(application, "/v1/chat/completions", [CHAT],
                                          headers={"authorization": f"Bearer {other}"}) for _ in range(3)))
-    assert [r.status for r in others] == [200] * 3 and in_flight["most"] == 3
+    assert [r.status for r in others] == [200] * 3 and (await asking).status == 429
+    assert in_flight["calls"] == 5 and in_flight["most"] == 2  # (the other tenant's first asks twice: no month counter yet)
     assert (await holder).status == 200
+    await drain()
+    refusals.clear()
+
+
+@pytest.mark.parametrize("backend", ["database", pytest.param("redis", marks=pytest.mark.redis)])
+async def test_a_new_tenants_first_burst_seeds_its_month_once_and_asks_in_turn(
+        backend, request, gateway, tenant_key, workers, drain, monkeypatch):
+    """A new tenant's first 24 requests at once, none refused yet and no month counter: each used to
+    reach the limiter (and, finding no counter, to sum the ledger for a seed) side by side, taking all
+    of the gateway's database threads for the flood's first ~80 ms (benchmarks.flood); every other
+    tenant's reservation queued behind them. The seed is summed once; on the database limiter the
+    tenant's decisions go one at a time (they queue on its row anyway), so its burst holds one thread."""
+    if backend == "redis":
+        request.getfixturevalue("use_redis_limiter")
+    gateway.TESSERA_AUTH_CACHE_SECONDS = 60.0
+    import threading
+
+    from controlplane.asgi import application
+    from controlplane.gateway.usage import accounting
+    from tenants.limits import database
+
+    for worker in workers:
+        worker.token_delay = 0.2  # the admitted request holds its slot while the rest arrive
+    _, secret = await tenant_key(requests_per_minute=10_000, max_concurrent_requests=1)
+    counts = {"seeds": 0, "now": 0, "most": 0}
+    guard = threading.Lock()
+    seed, reserve = accounting._budget_seed, database._reserve
+
+    def counted_seed(*args):
+        with guard:
+            counts["seeds"] += 1
+        time.sleep(0.05)  # the ledger's sums take a while on a real month
+        return seed(*args)
+
+    def counted_reserve(*args):
+        with guard:
+            counts["now"] += 1
+            counts["most"] = max(counts["most"], counts["now"])
+        try:
+            time.sleep(0.01)
+            return reserve(*args)
+        finally:
+            with guard:
+                counts["now"] -= 1
+
+    monkeypatch.setattr(accounting, "_budget_seed", counted_seed)
+    monkeypatch.setattr(database, "_reserve", counted_reserve)
+    burst = await asyncio.gather(*(call(application, "/v1/chat/completions", [CHAT],
+                                        headers={"authorization": f"Bearer {secret}"}) for _ in range(24)))
+    assert sorted(r.status for r in burst) == [200] + [429] * 23
+    assert counts["seeds"] == 1
+    if backend == "database":
+        assert counts["most"] == 1  # one of the tenant's decisions at a time: one thread of the executor
     await drain()
     refusals.clear()
 

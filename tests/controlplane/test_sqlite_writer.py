@@ -103,3 +103,63 @@ def test_a_writer_that_cannot_get_the_lock_in_time_goes_ahead_to_sqlites_own_wai
         assert 0.19 < out["value"] < 5  # waited its timeout for the lock, then wrote: never hangs
     finally:
         base._writer.release()
+
+
+def test_waiting_writers_go_by_priority_then_arrival(alias):
+    """Three writers queue while a fourth holds the lock: the request path's first, then the premium
+    tier's, then the free tier's; two of one priority in the order they came. A writer nobody waits for
+    (the default, BACKGROUND) comes last."""
+    from common import write_priority
+
+    held, order = threading.Event(), []
+    release = threading.Event()
+
+    def holder():
+        with transaction.atomic(using=alias):
+            connections[alias].cursor().execute("INSERT INTO t VALUES (0)")
+            held.set()
+            release.wait(10)
+
+    def writer(name: str, priority: int | None):
+        def run():
+            if priority is not None:
+                write_priority.current.set(priority)
+            with transaction.atomic(using=alias):
+                order.append(name)
+                connections[alias].cursor().execute("INSERT INTO t VALUES (1)")
+        return run
+
+    h, _ = _in_thread(holder)
+    held.wait(10)
+    queued = [("background", None), ("free", 30), ("premium", 10), ("free, later", 30), ("journal", write_priority.REQUEST_PATH)]
+    threads = []
+    for name, priority in queued:  # each waiting before the next arrives
+        threads.append(_in_thread(writer(name, priority)))
+        deadline = time.monotonic() + 5
+        while base._writer.waiting() < len(threads) and time.monotonic() < deadline:
+            time.sleep(0.005)
+    assert base._writer.waiting() == len(queued)
+    release.set()
+    for t, out in [(h, {}), *threads]:
+        t.join(10)
+        assert "error" not in out, out
+    assert order == ["journal", "premium", "free", "free, later", "background"]
+    assert not base._writer.locked()
+
+
+def test_a_waiter_that_gave_up_is_passed_by():
+    from controlplane.db.sqlite3.turns import TurnLock
+
+    lock = TurnLock()
+    assert lock.acquire(5, 1)
+    assert lock.acquire(0, 0.05) is False  # timed out while held: not handed the lock later
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("ok", lock.acquire(9, 5)))
+    t.start()
+    while lock.waiting() < 1:
+        time.sleep(0.005)
+    lock.release()
+    t.join(5)
+    assert got == {"ok": True} and lock.locked()  # the live waiter got it, the one that left did not
+    lock.release()
+    assert not lock.locked() and lock.waiting() == 0

@@ -12,15 +12,22 @@ handler is left to what it is for, writers in other processes (Celery, another g
 is held from BEGIN IMMEDIATE to COMMIT, ROLLBACK or the connection's close. A thread that cannot get
 it within the connection's `timeout` goes ahead without it, to SQLite's own waiting, as before: a
 transaction that waits on another thread's write can never hang here.
+
+The turns go by priority, then arrival (turns.py, common/write_priority.py): a request's reservation
+at its tier's priority, the usage writer's journal rows ahead (requests wait on them), ledger writes
+and settlements last, so a paying tenant's reservation never waits behind a line of writes nobody is
+waiting for.
 """
 
 from __future__ import annotations
 
-import threading
-
 from django.db.backends.sqlite3 import base
 
-_writer = threading.Lock()  # one per process: SQLite's write lock is per database file, we have one
+from common import write_priority
+
+from .turns import TurnLock
+
+_writer = TurnLock()  # one per process: SQLite's write lock is per database file, we have one
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
@@ -33,7 +40,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
         if self.transaction_mode != "IMMEDIATE" or self.is_in_memory_db():
             super()._start_transaction_under_autocommit()
             return
-        self._holds_writer = _writer.acquire(timeout=self._writer_wait_seconds())
+        self._holds_writer = _writer.acquire(write_priority.current.get(), self._writer_wait_seconds())
         try:
             super()._start_transaction_under_autocommit()
         except BaseException:

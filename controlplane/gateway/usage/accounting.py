@@ -27,6 +27,7 @@ from django.db.models import Exists, OuterRef, Sum
 from billing import selectors as billing_selectors
 from billing.events import UsageEvent
 from billing.models import UsageRecord
+from common import write_priority
 from common.asyncdb import db_call
 from controlplane.gateway import outages
 from controlplane.gateway.models import InflightRequest
@@ -219,6 +220,7 @@ class Meter:
         spawn(self._account(event, resolve))
 
     async def _account(self, event: UsageEvent, resolve=None) -> None:
+        write_priority.current.set(write_priority.BACKGROUND)  # after the response: nobody waits on its settle
         if resolve is not None:
             counts = await resolve()
             if counts is not None:

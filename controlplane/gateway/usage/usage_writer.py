@@ -35,6 +35,7 @@ from collections.abc import Callable
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, transaction
 
+from common import write_priority
 from controlplane.gateway import outages
 from controlplane.gateway.dependencies import dependency_of
 from controlplane.gateway.usage import journal, spool_metrics
@@ -202,6 +203,10 @@ class UsageWriter:
         admissions = [entry for entry in batch if entry[0] == ADMISSION]
         marks = [entry for entry in batch if entry[0] in (MARK, MOVE)]
         events = [entry for entry in batch if entry[0] == EVENT_KIND]
+        # Journal rows and moves have requests waiting on them: ahead of every other writer of the
+        # process (common/write_priority.py); ledger writes and marks wait their turn.
+        waited_on = admissions or any(entry[0] == MOVE for entry in marks)
+        write_priority.current.set(write_priority.REQUEST_PATH if waited_on else write_priority.BACKGROUND)
         try:
             with transaction.atomic():
                 journal.insert([entry[1] for entry in admissions])
