@@ -261,9 +261,16 @@ def run_one(wait: str, threads: str, port: int, seconds: float, premium_n: int, 
             "flood": report, "flood_answers_per_s": rate,
             "gateway_cpu_ms_per_flood_answer": cpu * 1e3 / max(rate * elapsed, 1),
             "slowest": slowest(flooded, stages), "quiet_slowest": slowest(quiet, quiet_stages),
+            # every premium sample in order, for a look at which ones were slow and where they waited
+            "samples": {"quiet": _samples(quiet, quiet_stages), "flooded": _samples(flooded, stages)},
             # cores in use during the flooded measurement, by role and for the whole host
             "cores_used": {k: v / elapsed for k, v in shares.items() if k != "host_total"},
             "cores_on_host": shares["host_total"] / elapsed}
+
+
+def _samples(ttfts: list[float], stages: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Each premium request in the order sent, its TTFT and Server-Timing stages (ms, to 0.1): which were slow, and when."""
+    return [{name: round(ms, 1) for name, ms in {"ttft": t, **st}.items()} for t, st in zip(ttfts, stages, strict=True)]
 
 
 def slowest(samples: list[float], stages: list[dict[str, float]]) -> dict[str, float]:
