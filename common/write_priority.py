@@ -4,7 +4,8 @@ On SQLite (make run) a process's writer threads take turns on a lock from BEGIN 
 (controlplane/db/sqlite3). First come, first served put a paying tenant's reservation behind the
 free tier's settlements and the usage writer's ledger batches under a flood (benchmarks.flood). So
 each write carries a priority, lower first, the tiers' own numbers (enterprise 0 … free 30): the
-gateway sets its request's tier for everything the request writes on its way to the worker, the usage
+gateway sets its request's tier for everything the request writes on its way to the worker (a batch
+line's: BACKGROUND, nobody waits on it online), the usage
 writer marks a batch of journal rows (requests waiting on them) REQUEST_PATH, and everything nobody
 waits for (ledger rows, settlements, heartbeats, admin edits) is BACKGROUND, the default.
 

@@ -308,7 +308,8 @@ async def handle(request: HttpRequest, kind: str, *, body: bytes | None = None,
     try:
         principal = principal or await authenticate(request)
         tier = principal.limits.tier
-        write_priority.current.set(principal.limits.priority)  # its writes wait their turn by its tier
+        # Its writes wait their turn by its tier; a batch line's, like its engine steps, after online work.
+        write_priority.current.set(write_priority.BACKGROUND if batch_id else principal.limits.priority)
         timing.mark("auth")
         parsed, target = await checked(principal, raw, kind)
         timing.mark("checks")

@@ -52,3 +52,28 @@ async def test_a_requests_writes_take_its_tiers_turn_and_what_follows_the_answer
     assert seen["settle"] == [write_priority.BACKGROUND] * 2  # after the answer: nobody waits
     assert seen["ledger"] == [write_priority.BACKGROUND] * 2
     assert write_priority.current.get() == write_priority.BACKGROUND  # nothing leaked into the caller
+
+
+async def test_a_batch_lines_writes_wait_behind_online_requests(gateway, tenant_key, workers, drain, monkeypatch):
+    """A batch line goes through the same path (proxy.handle) under its batch's key, but nobody waits on
+    it online: its reservation takes the background turn, as its engine steps do."""
+    from django.http import HttpRequest
+
+    from controlplane.gateway import proxy
+    from tenants.limits import database
+
+    seen: list[int] = []
+    reserve = database._reserve
+
+    def spy(*args):
+        seen.append(write_priority.current.get())
+        return reserve(*args)
+
+    monkeypatch.setattr(database, "_reserve", spy)
+    _, secret = await tenant_key(priority=10)
+    principal = await proxy.principal_for(f"Bearer {secret}")
+    response = await proxy.handle(HttpRequest(), "chat", body=CHAT, principal=principal, request_id="req_batch_line_1",
+                                  batch_id="batch_test", batch_line="batch_test:line-1")
+    assert response.status_code == 200
+    await drain()
+    assert seen and set(seen) == {write_priority.BACKGROUND}
