@@ -5,9 +5,9 @@ On SQLite (make run) a process's writer threads take turns on a lock from BEGIN 
 free tier's settlements and the usage writer's ledger batches under a flood (benchmarks.flood). So
 each write carries a priority, lower first, the tiers' own numbers (enterprise 0 … free 30): the
 gateway sets its request's tier for everything the request writes on its way to the worker (a batch
-line's: BACKGROUND, nobody waits on it online), the usage
-writer marks a batch of journal rows (requests waiting on them) REQUEST_PATH, and everything nobody
-waits for (ledger rows, settlements, heartbeats, admin edits) is BACKGROUND, the default.
+line's: BACKGROUND, nobody waits on it online), the usage writer marks a batch of journal rows
+(requests waiting on them) REQUEST_PATH, and everything nobody waits for (ledger rows, settlements,
+heartbeats, admin edits) is BACKGROUND, the default.
 
 A ContextVar, so that it follows a request into the executor thread that runs its ORM calls
 (common.asyncdb.db_call copies the context) and never leaks into another request's.
