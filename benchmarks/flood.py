@@ -1,14 +1,16 @@
 """A free-tier flood against `make run`'s real stack, and what it does to a premium tenant.
 
-    python -m benchmarks.flood [--premium 20] [--premium-tokens 48] [--configs default:default,default:2]
-                               [--rate R]
+    python -m benchmarks.flood [--premium 20] [--premium-tokens 48] [--premium-clients 1]
+                               [--configs default:default,default:2] [--rate R]
+                               [--flood-priority nice10,idle] [--rounds N]
 
 For each configuration (libgomp's wait policy : the worker's torch threads; `default` leaves either to
 make run), the whole local stack (`python -m controlplane.localstack`: uvicorn gateway, Celery, the
 real SmolLM2-135M CPU worker, SQLite, the file-system broker) is started in a fresh state folder, a
 premium and a free tenant are made with `manage.py tenant_create`, and then:
-- quiet: the premium tenant's streamed chat completions, one at a time, timed to the first content
-  event (TTFT) and between content events (ms per token);
+- quiet: the premium tenant's streamed chat completions, one at a time (from each of
+  --premium-clients clients; the issue's tenant had 2), timed to the first content event (TTFT) and
+  between content events (ms per token);
 - flooded: the same while the free tenant floods the gateway from its own process at `nice 10` (48
   streamed chat completions in flight, each answered one sent again at once; or, with --rate, that
   many a second whatever the answers' speed), as in the issue. The flood lasts until the last
@@ -36,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -211,15 +214,38 @@ def _flooder_priority(priority: str):
     return lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
+def premium_ttfts(url: str, key: str, n: int, tokens: int, clients: int, stages: list[dict[str, float]],
+                  itls: list[float], warmup: int) -> list[float]:
+    """`n` premium TTFTs (ms) from `clients` clients side by side, each sending one request at a time
+    (the issue's premium tenant streamed from 2); samples, stages and ITLs client after client."""
+    if clients == 1:
+        return ttfts(url, key, MODEL, n, tokens, warmup=warmup, stages=stages, itls=itls)
+    shares = [n // clients + (i < n % clients) for i in range(clients)]
+    parts: list[tuple[list[float], list[dict[str, float]], list[float]]] = [([], [], []) for _ in shares]
+
+    def client(i: int) -> None:
+        samples, st, itl = parts[i]
+        samples.extend(ttfts(url, key, MODEL, shares[i], tokens, warmup=warmup, stages=st, itls=itl))
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))  # re-raises a client's error
+    out: list[float] = []
+    for samples, st, itl in parts:
+        out += samples
+        stages += st
+        itls += itl
+    return out
+
+
 def run_one(wait: str, threads: str, port: int, seconds: float, premium_n: int, concurrency: int,
-            rate: float, tokens: int, priority: str = "nice10") -> dict:
+            rate: float, tokens: int, priority: str = "nice10", clients: int = 1) -> dict:
     var = Path(tempfile.mkdtemp(prefix="tessera-flood-"))
     proc, url = _stack(var, port, wait, threads)
     try:
         premium, free = _tenant(var, "Premium Co", "premium"), _tenant(var, "Free Co", "free")
         quiet_itl: list[float] = []
         quiet_stages: list[dict[str, float]] = []
-        quiet = ttfts(url, premium, MODEL, premium_n, tokens, stages=quiet_stages, itls=quiet_itl)  # after 3 unmeasured
+        quiet = premium_ttfts(url, premium, premium_n, tokens, clients, quiet_stages, quiet_itl, warmup=3)
         web = _stack_pids(proc)["gateway"][0]  # this stack's (a test's gateway may run beside it)
         flooder = subprocess.Popen([sys.executable, "-m", "benchmarks.flood", "--flooder", url,
                                     "--key", free, "--seconds", str(seconds), "--concurrency", str(concurrency),
@@ -231,7 +257,7 @@ def run_one(wait: str, threads: str, port: int, seconds: float, premium_n: int, 
         cpu0, t0 = cpu_seconds(web), time.perf_counter()
         stages: list[dict[str, float]] = []
         flooded_itl: list[float] = []
-        flooded = ttfts(url, premium, MODEL, premium_n, tokens, warmup=0, stages=stages, itls=flooded_itl)
+        flooded = premium_ttfts(url, premium, premium_n, tokens, clients, stages, flooded_itl, warmup=0)
         cpu, elapsed = cpu_seconds(web) - cpu0, time.perf_counter() - t0
         shares = {k: v - shares0[k] for k, v in cpu_shares(roles).items()}
         if flooder.poll() is not None:  # every premium sample must have been taken under the flood
@@ -292,6 +318,8 @@ def main() -> None:
     ap.add_argument("--premium", type=int, default=20, help="premium requests timed, quiet and flooded")
     ap.add_argument("--concurrency", type=int, default=48)
     ap.add_argument("--premium-tokens", type=int, default=48, help="max_tokens of each premium request")
+    ap.add_argument("--premium-clients", type=int, default=1,
+                    help="premium clients side by side, each one request at a time (the issue's: 2)")
     ap.add_argument("--configs", default="default:default",
                     help="stacks to run, each OMP_WAIT_POLICY:worker threads (`default`: libgomp's own wait, or "
                          "the worker's own thread count), e.g. default:default,passive:default,default:1")
@@ -315,14 +343,18 @@ def main() -> None:
     priorities = args.flood_priority.split(",")
     if unknown := set(priorities) - set(FLOOD_PRIORITIES):
         raise SystemExit(f"--flood-priority: unknown {sorted(unknown)}; use {', '.join(FLOOD_PRIORITIES)}")
-    rows = [run_one(w, t, args.port, args.seconds, args.premium, args.concurrency, args.rate, args.premium_tokens, p)
+    if args.premium_clients < 1:
+        raise SystemExit("--premium-clients: at least 1")
+    rows = [run_one(w, t, args.port, args.seconds, args.premium, args.concurrency, args.rate, args.premium_tokens, p,
+                    args.premium_clients)
             for _ in range(args.rounds) for w, t in configs for p in priorities]
     cpu, when = _cpu_name(), time.strftime("%Y-%m-%d %H:%M")
     lines = [f"# Free-tier flood vs premium TTFT through `make run` ({cpu}, {os.cpu_count()} cores, {when})", "",
              f"`python -m benchmarks.flood --seconds {args.seconds:g} --premium {args.premium} --concurrency "
              f"{args.concurrency} --premium-tokens {args.premium_tokens} --configs {args.configs} --rate {args.rate:g} "
-             f"--flood-priority {args.flood_priority} --rounds {args.rounds}`: the real stack (SQLite, file-system broker, one SmolLM2 "
-             f"CPU worker); premium streamed chat, max_tokens {args.premium_tokens}, one at a time; worker threads `default`: "
+             f"--flood-priority {args.flood_priority} --rounds {args.rounds} --premium-clients {args.premium_clients}`: the real "
+             f"stack (SQLite, file-system broker, one SmolLM2 CPU worker); premium streamed chat, max_tokens "
+             f"{args.premium_tokens}, from {args.premium_clients} client(s) one request at a time each; worker threads `default`: "
              "make run's choice (cores − 1, controlplane/localstack.py); the flood from its own process "
              "at nice 10 or under SCHED_IDLE (flood priority `idle`: it runs only on a core nothing else wants, the "
              "nearest one host comes to a flood from elsewhere), " + (f"{args.rate:g} streamed requests a second (open loop, at most {args.concurrency} in "

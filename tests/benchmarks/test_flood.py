@@ -72,3 +72,27 @@ def test_the_flooding_client_runs_at_its_priority(priority):
     finally:
         child.kill()
         child.wait()
+
+
+def test_premium_clients_send_side_by_side_and_every_sample_is_kept(monkeypatch):
+    """--premium-clients 2 (the issue's premium tenant streamed from 2 clients): the samples are split
+    between clients that run at the same time, and every sample, stage and ITL comes back."""
+    import threading
+
+    from benchmarks import flood
+
+    both = threading.Barrier(2, timeout=5)  # each client waits for the other: they must run side by side
+    calls = []
+
+    def fake_ttfts(url, key, model, n, max_tokens, warmup=3, stages=None, itls=None):
+        both.wait()
+        calls.append((n, warmup, max_tokens))
+        stages.extend({"limits": float(i)} for i in range(n))
+        itls.extend([10.0] * n)
+        return [100.0 + i for i in range(n)]
+
+    monkeypatch.setattr(flood, "ttfts", fake_ttfts)
+    stages, itls = [], []
+    samples = flood.premium_ttfts("http://x", "k", 5, 48, 2, stages, itls, warmup=0)
+    assert sorted(n for n, _, _ in calls) == [2, 3] and {(w, t) for _, w, t in calls} == {(0, 48)}
+    assert len(samples) == len(stages) == len(itls) == 5
