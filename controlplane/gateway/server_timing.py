@@ -1,8 +1,8 @@
 """The `Server-Timing` header of an answered /v1 request: where its time went before the first byte.
 
-The gateway's stages, in milliseconds: auth, checks, limits, journal (the usage journal's row,
-committed) and upstream (the connection and the worker's headers, retries included: a streaming worker
-sends its headers with the first token). The worker's own stages follow, named `worker-<stage>`
+The gateway's stages, in milliseconds: auth, checks, limits, upstream (the connection and the worker's
+headers, retries included: a streaming worker sends its headers with the first token) and journal (what
+was left to wait, after them, for the usage journal's row: it is written while the worker starts). The worker's own stages follow, named `worker-<stage>`
 (dataplane/worker/openai_request.py: accept, queue, prefill, send), a breakdown of `upstream`. Durations
 only: nothing of other requests or tenants. benchmarks.flood reads it to say where a slow request
 waited.

@@ -11,7 +11,7 @@ from .test_gateway import CHAT, post, read_stream
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-GATEWAY_STAGES = ["auth", "checks", "limits", "journal", "upstream"]
+GATEWAY_STAGES = ["auth", "checks", "limits", "upstream", "journal"]  # the journal row is written during upstream; "journal" is what was left to wait after it
 
 
 async def test_a_stream_carries_the_gateway_stages_then_the_workers(gateway, tenant_key, workers, drain):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import threading
 
 import httpx
@@ -105,6 +106,7 @@ def test_the_reservation_is_the_workers_allowance_and_the_journal_holds_the_requ
     thread.start()
     wait_for(lambda: any(w.received for w in workers))
     (received,) = [r for w in workers for r in w.received]
+    wait_for(InflightRequest.objects.exists)  # written while the worker starts (and before any byte is relayed)
     rows = list(InflightRequest.objects.all())
     assert len(rows) == 1 and rows[0].request_id == received.headers["x-request-id"]
     assert rows[0].tenant_id == tenant.pk and rows[0].worker_url in {w.url for w in workers}
@@ -123,24 +125,34 @@ def test_the_reservation_is_the_workers_allowance_and_the_journal_holds_the_requ
     wait_for(lambda: not InflightRequest.objects.exists())  # gone with the usage write
 
 
-async def test_no_journal_no_service(gateway, tenant_key, workers, monkeypatch, drain):
+@pytest.mark.parametrize("stream", [False, True])
+async def test_no_journal_no_service(gateway, tenant_key, workers, monkeypatch, drain, stream):
     """A request whose usage could not be made crash-safe (neither the database nor the local spool took
-    its journal row) is refused (503), never sent to a worker."""
+    its journal row) is refused (503). The row is written while the worker starts on the request, so the
+    worker may have it; but nothing of its answer reaches the client, the connection to it is closed as
+    soon as the row fails (it stops generating: seen leaving, never finishing), and nothing is billed."""
     from django.test import AsyncClient
 
     from controlplane.gateway.usage.spool import SpoolFull
 
     async def down(admission):
+        await asyncio.sleep(0.2)  # the worker has the request by now
         raise SpoolFull(28, "usage spool is full")
 
+    for w in workers:
+        w.token_delay = 0.5  # 3 tokens: 1.5 s of generating, long past the row's failure
     monkeypatch.setattr(usage_writer, "admit", down)
     _, secret = await tenant_key(max_concurrent_requests=1)
-    response = await AsyncClient().post("/v1/chat/completions", data={**CHAT, "max_tokens": 3},
+    response = await AsyncClient().post("/v1/chat/completions", data={**CHAT, "max_tokens": 3, "stream": stream},
                                         content_type="application/json", headers={"Authorization": f"Bearer {secret}"})
     assert response.status_code == 503 and response.json()["error"]["code"] == "usage_unavailable"
     assert int(response["Retry-After"]) >= 1
-    assert not any(w.received for w in workers)
+    received = [r.headers["x-request-id"] for w in workers for r in w.received]
+    assert len(received) == 1  # the worker had it: it saw the gateway leave, and did not finish it
+    wait_for(lambda: set(received) <= {rid for w in workers for rid in w.disconnected})
+    assert not any(w.finished for w in workers)
     await drain()
+    assert all(e.prompt_tokens == e.completion_tokens == 0 for e in sink.EVENTS)  # nothing billed
     monkeypatch.undo()
     response = await AsyncClient().post("/v1/chat/completions", data={**CHAT, "max_tokens": 3},
                                         content_type="application/json", headers={"Authorization": f"Bearer {secret}"})
@@ -320,3 +332,80 @@ async def test_metrics_show_the_journal_and_the_alert_rules_name_real_series(gat
     exprs = " ".join(rule["expr"] for rule in rules)
     for series in ("tessera_usage_journal_oldest_orphan_seconds", 'tessera_usage_journal_rows{state="unsettled"}'):
         assert series in exprs and series.split("{")[0] in text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_journal_row_is_written_while_the_worker_starts_and_before_any_byte_is_relayed(
+        gateway, tenant_key, workers, monkeypatch, drain, stream):
+    """The row's commit (queued behind the writer's other rows) no longer delays the worker: the worker
+    has the request while the row is being written. But the client's answer starts only once the row is
+    durable, so a gateway that dies mid-answer always leaves a row for the sweeper."""
+    from controlplane.asgi import application
+
+    from .asgi_driver import call
+
+    loop = asyncio.get_running_loop()
+    marks: dict[str, float | bool] = {}
+    real_admit = usage_writer.admit
+
+    async def slow_admit(admission):
+        await asyncio.sleep(0.3)  # a writer busy with other rows
+        marks["worker_had_it"] = any(w.received for w in workers)
+        await real_admit(admission)
+        marks["durable"] = loop.time()
+
+    async def app(scope, receive, send):
+        async def timed(message):
+            if message["type"] == "http.response.start":
+                marks.setdefault("answer_started", loop.time())
+            await send(message)
+        await application(scope, receive, timed)
+
+    monkeypatch.setattr(usage_writer, "admit", slow_admit)
+    _, secret = await tenant_key()
+    body = json.dumps({**CHAT, "max_tokens": 3, "stream": stream}).encode()
+    reply = await call(app, "/v1/chat/completions", [body], headers={"authorization": f"Bearer {secret}"})
+    assert reply.status == 200
+    assert marks["worker_had_it"] is True  # sent while the row was being written
+    assert marks["answer_started"] >= marks["durable"]  # nothing relayed before the row was durable
+    await drain()
+    assert not await sync_to_async(InflightRequest.objects.exists)()  # and gone with the ledger row
+
+
+async def test_a_client_that_leaves_while_its_journal_row_is_written_is_billed_once(
+        gateway, tenant_key, workers, monkeypatch, drain):
+    """The worst moment now that the row is written while the worker starts: the client leaves after the
+    worker has the request and before the row is durable. The row still commits, the worker is told to
+    stop, and the request ends with exactly one usage event and no journal row left behind."""
+    from controlplane.asgi import application
+
+    from .asgi_driver import call
+
+    real_admit = usage_writer.admit
+
+    async def slow_admit(admission):
+        await asyncio.sleep(0.3)
+        await real_admit(admission)
+
+    for w in workers:
+        w.token_delay = 0.2
+    monkeypatch.setattr(usage_writer, "admit", slow_admit)
+    _, secret = await tenant_key()
+    body = json.dumps({**CHAT, "max_tokens": 5, "stream": True}).encode()
+    client = asyncio.create_task(call(application, "/v1/chat/completions", [body],
+                                      headers={"authorization": f"Bearer {secret}"}))
+    for _ in range(300):
+        if any(w.received for w in workers):
+            break
+        await asyncio.sleep(0.01)
+    client.cancel()  # the client leaves: the worker has the request, its row is still being written
+    with pytest.raises(asyncio.CancelledError):
+        await client
+    received = [r.headers["x-request-id"] for w in workers for r in w.received]
+    assert len(received) == 1
+    await asyncio.sleep(0.5)  # the row commits meanwhile
+    await drain()
+    events = [e for e in sink.EVENTS if e.request_id == received[0]]
+    assert len(events) == 1 and events[0].status == "partial"
+    assert not await sync_to_async(InflightRequest.objects.exists)()
+    wait_for(lambda: received[0] in {rid for w in workers for rid in w.disconnected})
