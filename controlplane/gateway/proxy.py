@@ -398,15 +398,21 @@ async def _send_while_journaling(client: httpx.AsyncClient, req: httpx.Request,
     try:
         await asyncio.wait((sending, journal_write), return_when=asyncio.FIRST_COMPLETED)
     except BaseException:
-        sending.cancel()
+        await _discard(sending)
         raise
     if not sending.done() and journal_write.exception() is not None:
-        sending.cancel()
-        await asyncio.wait((sending,))
-        if not sending.cancelled() and sending.exception() is None:  # answered just before the cancel
-            await sending.result().aclose()
+        await _discard(sending)
         journal_write.result()  # its ApplicationError (503 usage_unavailable)
     return await sending
+
+
+async def _discard(sending: asyncio.Future) -> None:
+    """Stop a send to a worker: cancelled, or its response closed if it came just before (no
+    connection left open, no error left unread)."""
+    sending.cancel()
+    await asyncio.wait((sending,))
+    if not sending.cancelled() and sending.exception() is None:  # (reading it: no error left unread)
+        await sending.result().aclose()
 
 
 async def _durable(journal_write: asyncio.Future) -> None:
