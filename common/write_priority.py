@@ -15,9 +15,22 @@ A ContextVar, so that it follows a request into the executor thread that runs it
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 
 REQUEST_PATH = 0  # a request is waiting on this write (its usage-journal row)
 BACKGROUND = 1_000  # nobody waits on it
 
 current: ContextVar[int] = ContextVar("tessera_write_priority", default=BACKGROUND)
+
+
+@contextmanager
+def turn(priority: int) -> Iterator[None]:
+    """The writes inside take this turn; the one before comes back after, so a long-lived thread (the
+    usage writer) does not carry a batch's turn into its later work (a spool replay)."""
+    token = current.set(priority)
+    try:
+        yield
+    finally:
+        current.reset(token)

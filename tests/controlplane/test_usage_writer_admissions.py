@@ -92,3 +92,23 @@ async def test_close_writes_what_is_queued_then_stops_the_thread(gated):
     assert not writer.thread.is_alive()
     await asyncio.wait_for(last, 5)
     assert [e.request_id for e in sink.EVENTS] == ["req_last"]
+
+
+async def test_a_journal_batchs_turn_ends_with_it(gated, monkeypatch):
+    """A batch of journal rows writes ahead of every other writer (common/write_priority.py); the writer
+    thread's later work (its spool replays, each loop's housekeeping) takes the background turn again."""
+    from common import write_priority
+
+    writer, _, _ = gated
+    seen: list[int] = []
+    housekeeping = writer._housekeeping
+
+    def spying():
+        seen.append(write_priority.current.get())
+        housekeeping()
+
+    monkeypatch.setattr(writer, "_housekeeping", spying)
+    await asyncio.wait_for(writer.admit(admission("req_turn")), 10)
+    seen.clear()
+    await asyncio.wait_for(writer.submit(event("req_turn")), 10)  # the next loop, after the journal batch
+    assert seen and set(seen) == {write_priority.BACKGROUND}

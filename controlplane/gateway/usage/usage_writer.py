@@ -200,13 +200,16 @@ class UsageWriter:
                 _settle(entry, None)  # a no-op for a row that failed: its request already has its error
             self._write(rest)
             return
+        # Journal rows and moves have requests waiting on them: ahead of every other writer of the
+        # process (common/write_priority.py); ledger writes and marks wait their turn.
+        waited_on = any(entry[0] in (ADMISSION, MOVE) for entry in batch)
+        with write_priority.turn(write_priority.REQUEST_PATH if waited_on else write_priority.BACKGROUND):
+            self._commit(batch)
+
+    def _commit(self, batch: list) -> None:
         admissions = [entry for entry in batch if entry[0] == ADMISSION]
         marks = [entry for entry in batch if entry[0] in (MARK, MOVE)]
         events = [entry for entry in batch if entry[0] == EVENT_KIND]
-        # Journal rows and moves have requests waiting on them: ahead of every other writer of the
-        # process (common/write_priority.py); ledger writes and marks wait their turn.
-        waited_on = admissions or any(entry[0] == MOVE for entry in marks)
-        write_priority.current.set(write_priority.REQUEST_PATH if waited_on else write_priority.BACKGROUND)
         try:
             with transaction.atomic():
                 journal.insert([entry[1] for entry in admissions])
