@@ -52,15 +52,40 @@ def _window(limit: int | None, left: float) -> WindowState | None:
 
 
 def _locked_state(tenant_id: int) -> RateLimitState:
+    # The row exists after a tenant's first decision: read (and lock) it first and create it only when
+    # missing. Why: every statement lengthens the transaction, and on SQLite every other writer waits
+    # for it (one INSERT-OR-IGNORE fewer per reservation and settlement).
+    state = RateLimitState.objects.select_for_update().filter(tenant_id=tenant_id).first()
+    if state is not None:
+        return state
     RateLimitState.objects.bulk_create([RateLimitState(tenant_id=tenant_id)], ignore_conflicts=True)
     return RateLimitState.objects.select_for_update().get(tenant_id=tenant_id)
 
 
+_STATE_FIELDS = ("request_allowance", "token_allowance", "refilled_at")
+
 # Tenants refused here lately (monotonic time of the refusal): their next decisions are read first,
 # without the lock, and only one that looks admissible takes it (`_peek`).
 PEEK_SECONDS = 5.0
-_MAX_REFUSED = 100_000
+_MAX_REMEMBERED = 100_000  # tenants remembered per process; past that, forgotten at once
 _refused_lately: dict[int, float] = {}
+
+# When each tenant's expired reservations were last deleted here (monotonic). Expired rows no longer
+# count (concurrency compares expires_at with the clock) and only a crashed request leaves one, so they
+# are deleted at most once a SWEEP_SECONDS per tenant, not inside every reservation's transaction.
+SWEEP_SECONDS = 1.0
+_swept_at: dict[int, float] = {}
+
+
+def _sweep_due(tenant_id: int) -> bool:
+    now = time.monotonic()
+    last = _swept_at.get(tenant_id)
+    if last is not None and now - last < SWEEP_SECONDS:
+        return False
+    if len(_swept_at) >= _MAX_REMEMBERED:
+        _swept_at.clear()
+    _swept_at[tenant_id] = now
+    return True
 
 
 def _refused(plan: LimitPlan, reason: str, retry: float, r: float, t: float) -> Decision:
@@ -137,7 +162,7 @@ def _reserve(plan: LimitPlan, seed: BudgetSeed | None) -> Decision | None:
             return refusal
     decision = _reserve_locked(plan, seed)
     if decision is not None and not decision.allowed:
-        if len(_refused_lately) >= _MAX_REFUSED:
+        if len(_refused_lately) >= _MAX_REMEMBERED:
             _refused_lately.clear()
         _refused_lately[plan.tenant_id] = time.monotonic()
     return decision
@@ -174,8 +199,9 @@ def _reserve_locked(plan: LimitPlan, seed: BudgetSeed | None) -> Decision | None
         if tpm is not None:
             t -= plan.tokens
         state.request_allowance, state.token_allowance, state.refilled_at = r, t, now
-        state.save()
-        Reservation.objects.filter(tenant_id=plan.tenant_id, expires_at__lte=wall).delete()
+        state.save(update_fields=_STATE_FIELDS)
+        if _sweep_due(plan.tenant_id):
+            Reservation.objects.filter(tenant_id=plan.tenant_id, expires_at__lte=wall).delete()
         Reservation.objects.create(
             request_id=plan.request_id,
             tenant_id=plan.tenant_id,
@@ -203,7 +229,7 @@ def _settle(s: Settlement) -> bool:
             now = time.time()
             r, t = _refill(state, rpm, tpm, now)
             state.request_allowance, state.token_allowance, state.refilled_at = r, min(tpm, t - d_tok), now
-            state.save()
+            state.save(update_fields=_STATE_FIELDS)
         BudgetPeriod.objects.filter(tenant_id=s.tenant_id, period_start=s.period).update(
             tokens=F("tokens") + d_tok, spend_nano=F("spend_nano") + d_sp
         )
