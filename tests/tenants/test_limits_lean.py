@@ -5,8 +5,10 @@ writer (a paying tenant's reservation among them) waits for each of these transa
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -14,6 +16,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from common.asyncdb import db_call
 from tenants.limits import BudgetSeed, LimitPlan, Settlement, period_start
 from tenants.limits import database as db_limiter
 from tenants.models import RateLimitState, Reservation
@@ -109,3 +112,25 @@ def test_a_sweep_is_per_tenant(make_tenant):
     crashed = expired(b)
     assert reserve(plan(b)).allowed  # b's first: its sweep is due, whatever a did
     assert not Reservation.objects.filter(pk=crashed.pk).exists()
+
+
+@pytest.fixture
+def new_tenant(make_tenant) -> int:
+    return make_tenant().pk
+
+
+async def test_a_new_tenants_first_decisions_racing_create_one_state_and_admit_exactly_the_limit(new_tenant):
+    """No state row yet and 16 first requests at once (the gateway's database threads, PostgreSQL's row
+    locks): each finds no row, tries to create it, and one creation wins; the limit still holds exactly."""
+    limits = replace(LIMITS, requests_per_minute=None, tokens_per_minute=None, max_concurrent_requests=4)
+    limiter = db_limiter.DatabaseLimiter()
+    decisions = await asyncio.gather(*(limiter.reserve(plan(new_tenant, limits), seed=BudgetSeed())
+                                       for _ in range(16)))
+    assert sum(d.allowed for d in decisions) == 4
+    assert {d.reason for d in decisions if not d.allowed} == {"concurrency"}
+
+    def rows() -> tuple[int, int]:
+        return (RateLimitState.objects.filter(tenant_id=new_tenant).count(),
+                Reservation.objects.filter(tenant_id=new_tenant).count())
+
+    assert await db_call(rows) == (1, 4)
