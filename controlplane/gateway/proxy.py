@@ -30,6 +30,7 @@ from common import write_priority
 from common.asyncdb import db_call
 from common.client_ip import client_ip
 from common.errors import ApplicationError
+from common.single_flight import SingleFlight
 from controlplane.gateway import outages, parsing, upstream
 from controlplane.gateway.error_bodies import error_response, ratelimit_headers, refusal
 from controlplane.gateway.routing import admission
@@ -70,6 +71,9 @@ async def principal_for(authorization: str | None, *, lookup: bool = True) -> Ke
     return await principal_for_hash(auth.hash_secret(secret))
 
 
+_key_lookups: SingleFlight = SingleFlight()  # key hash -> the database lookup in flight
+
+
 async def principal_for_hash(key_hash: str) -> KeyPrincipal:
     """The key with this stored hash, as an online request sees it now (the batch runner holds only the
     hash): the process's key cache, the database, or while the database just failed the key as it last
@@ -83,7 +87,8 @@ async def principal_for_hash(key_hash: str) -> KeyPrincipal:
             outages.note_serving_from_memory("keys")
     if not hit:
         try:
-            principal = await db_call(auth.lookup_hash, key_hash)
+            # one lookup for the requests that miss together (a burst's start, the entry just expired)
+            principal = await _key_lookups.run(key_hash, lambda: db_call(auth.lookup_hash, key_hash))
         except Exception as exc:
             if outages.dependency_of(exc) != "database":
                 raise
@@ -206,7 +211,7 @@ async def _ask_limiter(principal: KeyPrincipal, plan: LimitPlan):
     return plan, period, decision
 
 
-_seeding: dict[tuple[int, int, dt.date, bool], asyncio.Future] = {}  # (event loop, tenant, month, spend) -> seed
+_seeding: SingleFlight = SingleFlight()  # (tenant, month, spend) -> the seed being summed
 
 
 async def _budget_seed(tenant_id: int, period: dt.date, with_spend: bool):
@@ -214,13 +219,8 @@ async def _budget_seed(tenant_id: int, period: dt.date, with_spend: bool):
     first of a month (or after Redis lost its counters) each found no counter, and each summing the
     ledger was a burst of the same aggregate queries. One seed serves them all: the limiter creates the
     counter from the first one it is given and ignores the rest (the counter exists by then)."""
-    key = (id(asyncio.get_running_loop()), tenant_id, period, with_spend)
-    running = _seeding.get(key)
-    if running is None:
-        running = _seeding[key] = asyncio.ensure_future(
-            accounting.budget_seed(tenant_id, period, with_spend=with_spend))
-        running.add_done_callback(lambda _done: _seeding.pop(key, None))
-    return await asyncio.shield(running)  # a waiter that leaves does not cancel it for the others
+    return await _seeding.run((tenant_id, period, with_spend),
+                              lambda: accounting.budget_seed(tenant_id, period, with_spend=with_spend))
 
 
 async def open_upstream(

@@ -319,6 +319,50 @@ async def test_a_new_tenants_first_burst_seeds_its_month_once_and_asks_in_turn(
     refusals.clear()
 
 
+async def test_a_burst_on_a_key_not_in_the_cache_looks_it_up_once(gateway, tenant_key, workers, drain, monkeypatch):
+    """48 requests at once with a key this process has not cached (a flood's first second; and, under
+    load, every time the cached entry expires): each used to run the same key lookup on the gateway's
+    database threads, and another tenant's reservation waited behind them. One lookup serves the burst;
+    a revoked key's burst is refused as one, too."""
+    gateway.TESSERA_AUTH_CACHE_SECONDS = 60.0
+    import threading
+
+    from asgiref.sync import sync_to_async
+
+    from controlplane.asgi import application
+    from tenants import auth, services
+    from tenants.models import APIKey
+
+    for worker in workers:
+        worker.token_delay = 0.05
+    tenant, secret = await tenant_key(requests_per_minute=1)
+    lookups = {"n": 0}
+    guard = threading.Lock()
+    lookup = auth.lookup_hash
+
+    def counted_lookup(key_hash):
+        with guard:
+            lookups["n"] += 1
+        time.sleep(0.05)  # a lookup under load: the burst arrives while it runs
+        return lookup(key_hash)
+
+    monkeypatch.setattr(auth, "lookup_hash", counted_lookup)
+    burst = await asyncio.gather(*(call(application, "/v1/chat/completions", [CHAT],
+                                        headers={"authorization": f"Bearer {secret}"}) for _ in range(48)))
+    assert sorted(r.status for r in burst) == [200] + [429] * 47
+    assert lookups["n"] == 1
+    await drain()
+
+    key = await APIKey.objects.aget(tenant=tenant)
+    await sync_to_async(services.api_key_revoke)(tenant=tenant, key=key)
+    auth.cache_clear()
+    refused = await asyncio.gather(*(call(application, "/v1/chat/completions", [CHAT],
+                                          headers={"authorization": f"Bearer {secret}"}) for _ in range(16)))
+    assert {r.status for r in refused} == {401}
+    assert lookups["n"] == 2
+    refusals.clear()
+
+
 async def test_a_request_that_leaves_while_waiting_its_turn_frees_the_line():
     """A client that disconnects while its request waits behind the one asking the limiter: the line
     goes on without it and is forgotten once empty. A tenant not refused lately never makes one."""
