@@ -14,7 +14,7 @@ from tests.test_import_cycles import import_graph
 
 # Lowest first. Same-layer imports are free; `benchmarks` sits above everything and may import anything.
 LAYERS: list[tuple[str, ...]] = [
-    ("jsonlog", "kernels"),
+    ("jsonlog", "fsbroker", "kernels"),
     # plain data and settings every layer of the data plane reads
     ("dataplane.config", "dataplane.cpu_features", "dataplane.sampling_params", "dataplane.request", "dataplane.errors",
      "dataplane.outputs", "dataplane.stats", "dataplane.spec_decode.config", "dataplane.structured.params",
