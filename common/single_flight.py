@@ -4,6 +4,11 @@ Why: a burst of requests that all miss the same cache (a new client's first seco
 cached entry expires under load) each ran the same database query side by side, and filled the
 gateway's database threads that every other tenant's request then waited for. One query serves them
 all. Each event loop has its own calls (a future belongs to the loop that made it).
+
+The first caller runs the call itself, in its own task: a lone cache miss (the common case) costs
+what it cost before, with no task to schedule and no extra turn of a busy event loop (under a
+free-tier flood each turn is a queue of refusals; benchmarks.flood measured that as a few
+milliseconds on a paying tenant's p95). Only callers that join wait on a shared future.
 """
 
 from __future__ import annotations
@@ -15,25 +20,38 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
+class _LeaderLeft(Exception):
+    """The caller running the call was cancelled (its client left): the others ask again."""
+
+
 class SingleFlight(Generic[T]):
     def __init__(self) -> None:
         self._running: dict[tuple[int, Hashable], asyncio.Future[T]] = {}
 
     async def run(self, key: Hashable, call: Callable[[], Awaitable[T]]) -> T:
         """`call()`'s result, from the call already in flight for `key` on this loop if there is one.
-        A caller that leaves (cancelled) does not cancel the call for the others."""
+        A joining caller that leaves does not cancel the call; if the caller running it leaves, the
+        call stops with it and the others ask again (one of them runs it)."""
         loop = asyncio.get_running_loop()
         slot = (id(loop), key)
-        running = self._running.get(slot)
-        if running is None or running.get_loop() is not loop:  # a closed loop's id may be reused
-            running = self._running[slot] = asyncio.ensure_future(call())
-            running.add_done_callback(lambda done: self._finished(slot, done))
-        return await asyncio.shield(running)
+        while (shared := self._running.get(slot)) is not None and shared.get_loop() is loop:
+            try:
+                return await asyncio.shield(shared)  # shielded: leaving does not cancel it for the rest
+            except _LeaderLeft:
+                continue
+        shared = self._running[slot] = loop.create_future()  # (a closed loop's id may be reused)
+        try:
+            result = await call()
+        except BaseException as exc:
+            shared.set_exception(_LeaderLeft() if isinstance(exc, asyncio.CancelledError) else exc)
+            shared.exception()  # read here: with nobody joined, it is not logged as never retrieved
+            raise
+        else:
+            shared.set_result(result)
+            return result
+        finally:
+            if self._running.get(slot) is shared:
+                del self._running[slot]
 
     def in_flight(self) -> int:
         return len(self._running)
-
-    def _finished(self, slot: tuple[int, Hashable], done: asyncio.Future[T]) -> None:
-        # (a failure every caller left before is read by asyncio.shield: it is not logged as unretrieved)
-        if self._running.get(slot) is done:
-            del self._running[slot]
