@@ -8,8 +8,9 @@ atomic, so a consumer finds the whole message or nothing. A consumer takes a mes
 into the broker's own `processed` folder (kombu's moves it to the system's temporary folder, which may
 be another file system: a copy, not a rename, that two consumers could both make).
 
-Both planes use it (the control plane's Celery and the worker's agent): a `filesystem://` broker URL
-with the transport `fsbroker:Transport` (TRANSPORT).
+Both planes use it (the control plane's Celery app and the worker's agent call `install()`): it takes
+the `filesystem://` scheme in kombu's table of transports, so that scheme and no other resolves here
+(a `broker_transport` setting would also take over any other URL a process connects to).
 """
 
 from __future__ import annotations
@@ -70,3 +71,11 @@ class Channel(filesystem.Channel):
 
 class Transport(filesystem.Transport):
     Channel = Channel
+
+
+def install() -> None:
+    """`filesystem://` broker URLs use this transport in this process (idempotent)."""
+    from kombu import transport
+
+    transport.TRANSPORT_ALIASES["filesystem"] = TRANSPORT
+    transport._transport_cache.pop("filesystem", None)  # resolved before: kombu's own class was cached

@@ -21,6 +21,7 @@ from celery.app.amqp import AMQP
 from celery.beat import PersistentScheduler
 from kombu import Connection
 
+import fsbroker
 from controlplane.deployments.outage_log import OutageLog
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings.base")
@@ -43,6 +44,7 @@ class QuickReconnectAMQP(AMQP):
     Connection = QuickReconnectConnection
 
 
+fsbroker.install()  # `filesystem://`: kombu's transport with messages that appear whole (make run's broker)
 app = Celery("tessera", amqp=QuickReconnectAMQP)
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.broker_connection_retry_on_startup = True

@@ -120,15 +120,14 @@ def test_racing_publishers_and_consumers_deliver_every_message_whole_and_once(ch
 
 
 def test_both_planes_use_it_for_a_file_system_broker_and_only_then():
-    from dataplane.worker.agent.settings import broker_transport
+    """Each plane's Celery app installs it for `filesystem://` URLs; a URL of another scheme that the same
+    app connects to keeps its own transport (a `broker_transport` setting took over those too)."""
+    from controlplane.celery import app as control_plane
+    from dataplane.worker.agent.tasks import app as agent
 
-    assert broker_transport("filesystem://") == fsbroker.TRANSPORT
-    assert broker_transport("redis://127.0.0.1:6379/0") is None
-    assert broker_transport("amqp://guest@127.0.0.1//") is None
-    from django.conf import settings
-
-    from controlplane.celery import app
-
-    assert settings.CELERY_BROKER_URL == "filesystem://"  # the embedded default the tests run with
-    with app.connection_for_write() as conn:
-        assert isinstance(conn.transport, fsbroker.Transport)
+    for app in (control_plane, agent):
+        with app.connection_for_write(url="filesystem://") as conn:
+            assert isinstance(conn.transport, fsbroker.Transport)
+        with app.connection_for_read(url="redis://127.0.0.1:1/0") as conn:
+            assert not isinstance(conn.transport, fsbroker.Transport)
+            assert conn.transport.driver_type == "redis"

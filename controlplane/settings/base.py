@@ -125,7 +125,6 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     _BROKER_DIR = Path(os.environ.get("TESSERA_BROKER_FOLDER", VAR_DIR / "broker"))
     for _sub in ("queue", "processed", "control"):
         (_BROKER_DIR / _sub).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_TRANSPORT = "fsbroker:Transport"  # kombu's, with messages that appear whole (fsbroker.py)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_BROKER_DIR / "queue"), "data_folder_out": str(_BROKER_DIR / "queue"),
         "processed_folder": str(_BROKER_DIR / "processed"), "control_folder": str(_BROKER_DIR / "control"),

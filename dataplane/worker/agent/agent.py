@@ -30,7 +30,7 @@ from dataplane.worker.routes import WorkerState
 
 from . import tasks
 from .client import ControlPlaneClient, ControlPlaneRejected, ControlPlaneUnavailable, NotRegistered
-from .settings import AgentSettings, broker_transport
+from .settings import AgentSettings
 from .slot import EngineSlot
 
 log = logging.getLogger("tessera.worker.agent")
@@ -79,7 +79,6 @@ class Agent:
         tasks.install(self.runner)
         tasks.app.conf.update(
             broker_url=self.settings.broker_url, broker_transport_options=self.settings.broker_transport_options,
-            broker_transport=broker_transport(self.settings.broker_url),
             task_acks_late=True, worker_prefetch_multiplier=1, worker_enable_remote_control=False,
             worker_send_task_events=False, task_default_queue=self.settings.queue, worker_hijack_root_logger=False,
             broker_connection_retry_on_startup=True, accept_content=["json"], task_serializer="json",

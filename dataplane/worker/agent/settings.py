@@ -27,7 +27,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import fsbroker
 from dataplane.worker.config import WorkerConfig
 
 
@@ -86,12 +85,6 @@ class AgentSettings:
             unload_grace_seconds=float(env.get("TESSERA_UNLOAD_GRACE_SECONDS", "30")),
             model_cache=Path(env.get("TESSERA_MODEL_CACHE", "~/.cache/tessera/models")).expanduser(),
         )
-
-
-def broker_transport(broker_url: str) -> str | None:
-    """The file-system broker's transport: kombu's, with messages that appear whole (fsbroker.py), as
-    the control plane's (controlplane/settings/base.py); None: the URL's own."""
-    return fsbroker.TRANSPORT if broker_url.startswith("filesystem://") else None
 
 
 def broker_options(broker_url: str, env: Mapping[str, str]) -> dict:

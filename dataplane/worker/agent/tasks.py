@@ -19,6 +19,8 @@ from celery import Celery
 from celery.app.amqp import AMQP
 from kombu import Connection
 
+import fsbroker
+
 from .client import ControlPlaneClient, ControlPlaneUnavailable, Gone
 from .slot import EngineSlot, LoadError
 
@@ -43,6 +45,7 @@ class QuickReconnectAMQP(AMQP):
 
 # Not the current app: in a process that also runs the control plane (the local stack, the tests) the
 # control plane's @shared_task proxies must keep resolving to its own app.
+fsbroker.install()  # `filesystem://`: kombu's transport with messages that appear whole (make run's broker)
 app = Celery("tessera-worker-agent", set_as_current=False,  # configured by Agent.start (broker, queue)
              amqp=QuickReconnectAMQP)
 
