@@ -26,7 +26,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parent / "cpu"
-SOURCES = ("bindings.cpp", "gguf_matmul.cpp", "decode_ops.cpp", "gguf_decoder.cpp")
+SOURCES = ("bindings.cpp", "gguf_matmul.cpp", "decode_ops.cpp", "gguf_decoder.cpp", "sample_ops.cpp")
 _lock = threading.Lock()
 
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from kernels.awq_layout import awq_dequantize
 from kernels.gguf_layout import q4_1_fields, q8_0_fields
 from kernels.kv_fp8 import readable
+from kernels.seeded_noise import seeded_noise_at
 
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
 
@@ -137,6 +138,54 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     """[T, 2I] → [T, I]: silu(gate) * up, gate the first half as a fused gate_up projection writes it."""
     half = x.shape[-1] // 2
     return (F.silu(x[..., :half].float()) * x[..., half:].float()).to(x.dtype)
+
+
+# --- sampling --------------------------------------------------------------------------------
+
+
+def sample_top_k_ref(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    k: int,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    min_p: torch.Tensor | None,
+    noise: torch.Tensor,
+    seeds: torch.Tensor | None,
+    index: torch.Tensor | None,
+) -> torch.Tensor:
+    """One token per row of float32 logits [R, V], drawn among the row's top-k candidates.
+
+    temperature [R] > 0 scales the logits; `k` candidates per row (sorted, best first, from one topk);
+    top_k [R] in [1, k] keeps fewer for some rows (None: every row keeps k); top_p [R] keeps the
+    candidates before which less than top_p of the whole vocabulary's mass lies (the best always stays);
+    min_p [R] drops candidates below min_p times the best's probability. The draw is the exponential
+    race, argmax of weight / noise: noise [R, k] is Exp(1) for unseeded rows; a row with seeds [R] >= 0
+    (-1: unseeded; None: none is) uses the hash of (seed, index [R], token id) instead
+    (kernels/seeded_noise.py), so its token depends on nothing else. Returns int64 ids [R].
+    """
+    scaled = logits / temperature[:, None]
+    values, ids = scaled.topk(k, dim=-1)  # sorted, best first
+    best = values[:, :1]
+    weights = torch.exp(values - best)
+    drop = None
+    if top_k is not None:
+        drop = torch.arange(k, device=logits.device)[None, :] >= top_k[:, None]
+    if top_p is not None:
+        # each candidate's share of the whole vocabulary's mass (exp relative to the best: no overflow)
+        probs = weights / torch.exp(scaled - best).sum(dim=-1, keepdim=True)
+        # the mass before a candidate reaches top_p; before the best it is 0 < top_p, so the best stays
+        over = (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+        drop = over if drop is None else drop | over
+    if min_p is not None:
+        low = values < best + torch.log(min_p)[:, None]
+        drop = low if drop is None else drop | low
+    if drop is not None:
+        weights = weights.masked_fill(drop, 0.0)
+    if seeds is not None:  # every row hashed, the seeded ones kept: no host sync to find them
+        noise = torch.where((seeds >= 0)[:, None], seeded_noise_at(seeds, index, ids), noise)
+    choice = (weights / noise).argmax(dim=-1, keepdim=True)
+    return ids.gather(1, choice).squeeze(1)
 
 
 # --- LoRA ------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import importlib
 import sys
 
 BENCHMARKS = ["rms_norm", "rotary", "silu_and_mul", "paged_attention", "prefill_attention", "lora",
-              "fp8_gemm", "awq_gemm", "cpu_decode"]
+              "fp8_gemm", "awq_gemm", "cpu_decode", "cpu_sample"]
 
 
 def main(argv: list[str]) -> int:

@@ -10,7 +10,7 @@ applied to those candidates exactly as over the whole vocabulary. The tokens com
 one copy.
 
 Sampling uses the exponential race (argmax of p / q with q ~ Exp(1)), which equals drawing from p.
-A seeded request's noise is a hash of (seed, output index, token id) (sampling/noise.py), so its
+A seeded request's noise is a hash of (seed, output index, token id) (kernels/seeded_noise.py), so its
 tokens depend neither on its batch mates nor on whether it was preempted and recomputed.
 """
 
@@ -22,11 +22,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dataplane.sampling.noise import seeded_noise, seeded_noise_at
 from dataplane.sampling.penalties import apply_penalties
 from dataplane.sampling.plan import DrawPlan, up
 from dataplane.sampling.rows import SamplingRow
 from dataplane.scheduler.output import TokenLogprobs
+from kernels import cpu_sample
+from kernels.reference import sample_top_k_ref
+from kernels.seeded_noise import seeded_noise
 
 _MASK = -float("inf")
 
@@ -130,8 +132,11 @@ class Sampler:
             return logits.argmax(dim=-1), raw
         on = None if plan.every else plan.on("on", device, plan.random)
         temperature = plan.on("temperature", device, batch.temperature[plan.random])
-        scaled = (logits if plan.every else logits[on]) / temperature[:, None]
-        drawn = self._draw(scaled, plan, batch.output_index)
+        drawing = logits if plan.every else logits[on]
+        if plan.candidates:
+            drawn = self._draw_candidates(drawing, temperature, plan, batch.output_index)
+        else:
+            drawn = self._draw(drawing / temperature[:, None], plan, batch.output_index)
         if plan.every:
             return drawn, raw
         tokens = logits.argmax(dim=-1)
@@ -147,8 +152,6 @@ class Sampler:
     def _draw(self, scaled: torch.Tensor, plan: DrawPlan, index: np.ndarray | None) -> torch.Tensor:
         """One draw per row of temperature-scaled logits under top-k / top-p / min-p and seeds."""
         device, vocab = scaled.device, scaled.shape[1]
-        if plan.candidates:
-            return self._draw_candidates(scaled, plan, index)
         if plan.top_k is not None or plan.top_p is not None:
             scaled = _top_k_top_p(scaled, None if plan.top_k is None else plan.on("top_k", device, plan.top_k),
                                   None if plan.top_p is None else plan.on("top_p", device, plan.top_p))
@@ -162,34 +165,23 @@ class Sampler:
             noise[rows] = seeded_noise(seeds, at, vocab)
         return (probs / noise).argmax(dim=-1)
 
-    def _draw_candidates(self, scaled: torch.Tensor, plan: DrawPlan, index: np.ndarray | None) -> torch.Tensor:
-        """_draw for rows that all have a small top_k: among the top-k candidates (sorted, from one topk),
-        top-p's mass measured over the whole vocabulary and min-p against the best candidate, as the
-        full-vocabulary path does; the noise drawn (or hashed, for seeds) at the candidates only."""
-        device, k = scaled.device, plan.k
-        values, ids = scaled.topk(k, dim=-1)  # sorted, best first
-        best = values[:, :1]
-        weights = torch.exp(values - best)
-        drop = None
-        if plan.ragged_k:
-            drop = torch.arange(k, device=device)[None, :] >= plan.on("top_k", device, plan.top_k)[:, None]
-        if plan.top_p is not None:
-            # each candidate's share of the whole vocabulary's mass (exp relative to the best: no overflow)
-            probs = weights / torch.exp(scaled - best).sum(dim=-1, keepdim=True)
-            # the mass before a candidate reaches top_p; before the best it is 0 < top_p, so the best stays
-            over = (probs.cumsum(dim=-1) - probs) >= plan.on("top_p", device, plan.top_p)[:, None]
-            drop = over if drop is None else drop | over
-        if plan.min_p is not None:
-            low = values < best + torch.log(plan.on("min_p", device, plan.min_p))[:, None]
-            drop = low if drop is None else drop | low
-        if drop is not None:
-            weights = weights.masked_fill(drop, 0.0)
-        noise = torch.empty_like(weights).exponential_(generator=self.generator)
+    def _draw_candidates(self, logits: torch.Tensor, temperature: torch.Tensor, plan: DrawPlan,
+                         index: np.ndarray | None) -> torch.Tensor:
+        """One draw per row when every drawing row has a small top_k: among its top-k candidates, top-p's
+        mass measured over the whole vocabulary and min-p against the best candidate, as the
+        full-vocabulary path does (reference.sample_top_k_ref; on the CPU its C++ twin, one call)."""
+        device = logits.device
+        # drawn for every row (a seeded row's is unused): the generator moves the same whatever the seeds
+        noise = torch.empty((logits.shape[0], plan.k), device=device).exponential_(generator=self.generator)
+        seeds = at = None
         if len(plan.seeded):
-            rows, seeds, at = self._seeded_inputs(plan, index, device)
-            noise[rows] = seeded_noise_at(seeds, at, ids[rows])
-        choice = (weights / noise).argmax(dim=-1, keepdim=True)
-        return ids.gather(1, choice).squeeze(1)
+            seeds = plan.on("row_seeds", device, plan.seeds)  # -1: unseeded
+            at = up(index if plan.every else index[plan.random], device)
+        top_k = plan.on("top_k", device, plan.top_k) if plan.ragged_k else None
+        top_p = None if plan.top_p is None else plan.on("top_p", device, plan.top_p)
+        min_p = None if plan.min_p is None else plan.on("min_p", device, plan.min_p)
+        draw = cpu_sample.sample_top_k if device.type == "cpu" and cpu_sample.available() else sample_top_k_ref
+        return draw(logits, temperature, plan.k, top_k, top_p, min_p, noise, seeds, at)
 
     @staticmethod
     def logprobs(raw: torch.Tensor | None, batch: SamplingBatch, tokens: list[int]) -> list[TokenLogprobs | None]:

@@ -9,5 +9,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_write_kv", &rope_write_kv_cpu,
         "q, k rotated from a fused qkv [T, (H + 2 Hkv) D]; k and v written to the caches at their slots");
   m.def("rms_norm", &rms_norm_cpu, "float32 RMSNorm of rows x [rows, n] with weight [n]");
+  // no GIL while it runs: the worker's event loop processes the previous step's outputs meanwhile
+  m.def("sample_top_k", &sample_top_k_cpu, "a draw among each row's top-k candidates (sample_top_k_ref's signature)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   bind_gguf_decoder(m);
 }

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from dataplane.sampling import plan as plan_mod
-from dataplane.sampling.noise import seeded_noise, seeded_noise_at
 from dataplane.sampling.sampler import Sampler, SamplingBatch, SamplingRow
 from dataplane.sampling_params import SamplingParams
+from kernels.seeded_noise import seeded_noise, seeded_noise_at
 
 
 def _batch(rows: int, *, top_k, top_p, min_p, seeded: bool) -> SamplingBatch:

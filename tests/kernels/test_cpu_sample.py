@@ -1,0 +1,165 @@
+"""The C++ top-k draw (kernels/cpu/sample_ops.cpp) against its twin, reference.sample_top_k_ref, and
+the sampler on either (dataplane/sampling/sampler.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dataplane.sampling.sampler import Sampler, SamplingBatch
+from kernels import cpu_sample
+from kernels.reference import sample_top_k_ref
+
+pytestmark = pytest.mark.skipif(not cpu_sample.available(), reason="the C++ CPU kernels cannot be built here")
+
+
+def _inputs(rows: int, vocab: int, k: int, seed: int, scale: float = 3.0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    seeded = torch.rand(rows, generator=g) < 0.5
+    return {
+        "logits": torch.randn(rows, vocab, generator=g) * scale,
+        "temperature": torch.rand(rows, generator=g) + 0.3,
+        "k": k,
+        "top_k": torch.randint(1, k + 1, (rows,), generator=g),
+        "top_p": torch.rand(rows, generator=g) * 0.9 + 0.1,
+        "min_p": torch.rand(rows, generator=g) * 0.2,
+        "noise": torch.empty(rows, k).exponential_(generator=g),
+        "seeds": torch.where(seeded, torch.randint(0, 1 << 40, (rows,), generator=g), torch.full((rows,), -1)),
+        "index": torch.randint(0, 1000, (rows,), generator=g),
+    }
+
+
+MIXES = {  # which of the optional parameters a batch carries
+    "plain": (),
+    "everything": ("top_k", "top_p", "min_p", "seeds"),
+    "top_p, seeds": ("top_p", "seeds"),
+    "ragged top_k, min_p": ("top_k", "min_p"),
+}
+
+
+def _call(fn, inputs: dict, mix: tuple[str, ...]) -> torch.Tensor:  # noqa: ANN001
+    args = {name: (inputs[name] if name in mix or name in ("logits", "temperature", "k", "noise") else None)
+            for name in ("logits", "temperature", "k", "top_k", "top_p", "min_p", "noise", "seeds")}
+    args["index"] = inputs["index"] if "seeds" in mix else None
+    return fn(**args)
+
+
+@pytest.mark.parametrize("rows,vocab,k", [(256, 512, 40), (1, 512, 40), (16, 49152, 40), (40, 1000, 1000),
+                                          (50, 100, 7), (20, 33, 33), (8, 64, 1)])
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_the_kernel_draws_what_its_reference_draws(rows, vocab, k, mix):
+    """Seeded rows hash the same noise at the same ids, unseeded rows take the same noise: the same token
+    in every row, for every mix of top-k / top-p / min-p / seeds, vocabularies from 33 to 49,152, k from 1
+    to the whole vocabulary."""
+    for seed in range(3):
+        inputs = _inputs(rows, vocab, k, seed)
+        want = _call(sample_top_k_ref, inputs, MIXES[mix])
+        got = _call(cpu_sample.sample_top_k, inputs, MIXES[mix])
+        assert got.dtype == torch.int64 and got.shape == (rows,)
+        assert torch.equal(got, want), (seed, (got != want).nonzero().flatten().tolist())
+
+
+def test_other_dtypes_and_threads_draw_the_same():
+    """Parameters in other dtypes (float64 temperatures, int32 top-k) are taken as the reference takes
+    them; rows split across 2 threads draw what one thread draws."""
+    inputs = _inputs(256, 512, 40, 11)
+    want = _call(cpu_sample.sample_top_k, inputs, MIXES["everything"])
+    other = dict(inputs, temperature=inputs["temperature"].double(), top_k=inputs["top_k"].int(),
+                 top_p=inputs["top_p"].double(), index=inputs["index"].int())
+    assert torch.equal(_call(cpu_sample.sample_top_k, other, MIXES["everything"]), want)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert torch.equal(_call(cpu_sample.sample_top_k, inputs, MIXES["everything"]), want)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_flat_logits_measure_top_p_over_the_whole_vocabulary():
+    """Nearly flat logits: the 8 candidates hold ~2 % of the mass, so top-p 0.05 keeps all of them where a
+    mass measured over the candidates alone would keep 1 or 2."""
+    inputs = _inputs(64, 5000, 8, 7, scale=0.05)
+    inputs["top_p"] = torch.full((64,), 0.05)
+    want = _call(sample_top_k_ref, inputs, ("top_p",))
+    got = _call(cpu_sample.sample_top_k, inputs, ("top_p",))
+    assert torch.equal(got, want)
+    assert len(set(got.tolist())) > 20  # not the best token of every row
+
+
+def test_ties_rank_the_lower_token_id_first():
+    """Equal logits: the lower id is the better candidate, so top-k 1 takes the first of them, and the
+    same logits in another order give the same set of candidates."""
+    logits = torch.zeros(3, 300)
+    logits[:, [250, 17, 99]] = 5.0
+    one = cpu_sample.sample_top_k(logits, torch.ones(3), 1, None, None, None, torch.ones(3, 1), None, None)
+    assert one.tolist() == [17, 17, 17]
+    draws = {cpu_sample.sample_top_k(logits, torch.ones(3), 3, None, None, None,
+                                     torch.empty(3, 3).exponential_(), None, None)[0].item() for _ in range(200)}
+    assert draws == {17, 99, 250}
+
+
+def test_masked_rows_draw_only_allowed_tokens_even_with_fewer_than_k():
+    """Structured outputs mask the disallowed tokens to -inf: a row with 3 allowed tokens and k 40 draws
+    only those; NaN logits (a broken model) still give a token id in range, not a crash."""
+    logits = torch.full((4, 700), -float("inf"))
+    allowed = [5, 300, 699]
+    logits[:3, allowed] = torch.tensor([1.0, 2.0, 0.5])
+    logits[3] = float("nan")
+    logits[3, 10] = 0.0
+    seen = set()
+    for i in range(100):
+        noise = torch.empty(4, 40).exponential_()
+        seeds = torch.tensor([-1, 3, -1, -1])
+        ids = cpu_sample.sample_top_k(logits, torch.ones(4), 40, None, torch.full((4,), 0.99), None, noise, seeds,
+                                      torch.full((4,), i))
+        seen |= set(ids[:3].tolist())
+        assert 0 <= ids[3].item() < 700
+    assert seen == set(allowed)
+
+
+def test_bad_inputs_are_refused_with_a_message():
+    logits = torch.randn(4, 100)
+    noise = torch.ones(4, 10)
+    with pytest.raises(ValueError, match="float32 logits"):
+        cpu_sample.sample_top_k(logits.double(), torch.ones(4), 10, None, None, None, noise, None, None)
+    with pytest.raises(RuntimeError, match="k must be in"):
+        cpu_sample.sample_top_k(logits, torch.ones(4), 101, None, None, None, torch.ones(4, 101), None, None)
+    with pytest.raises(RuntimeError, match="noise must be"):
+        cpu_sample.sample_top_k(logits, torch.ones(4), 10, None, None, None, torch.ones(4, 9), None, None)
+    with pytest.raises(RuntimeError, match="top_k must be"):
+        cpu_sample.sample_top_k(logits, torch.ones(4), 10, torch.ones(3, dtype=torch.long), None, None, noise,
+                                None, None)
+    with pytest.raises(RuntimeError, match="temperature must be"):
+        cpu_sample.sample_top_k(logits, torch.ones(4, 1), 10, None, None, None, noise, None, None)
+    with pytest.raises(RuntimeError, match="seeds and index"):
+        cpu_sample.sample_top_k(logits, torch.ones(4), 10, None, None, None, noise, torch.zeros(4, dtype=torch.long),
+                                None)
+
+
+@pytest.mark.parametrize("every", [True, False])
+def test_the_sampler_draws_the_same_with_or_without_the_kernel(monkeypatch, every):
+    """A step's SamplingBatch (top-k 40 with top-p, half seeded, one greedy row when not `every`) through
+    the sampler with the C++ draw and with the torch twin: the same tokens, and the generator left in the
+    same state (the next unseeded draws agree too)."""
+    torch.manual_seed(5)
+    logits = torch.randn(32, 512) * 2.5
+
+    def batch() -> SamplingBatch:
+        b = SamplingBatch(np.full(32, 0.8, dtype=np.float32), top_k=np.full(32, 40, dtype=np.int64),
+                          top_p=np.full(32, 0.95, dtype=np.float32))
+        b.seeds = np.where(np.arange(32) % 2 == 0, np.arange(32) * 11, -1).astype(np.int64)
+        b.output_index = np.arange(32, dtype=np.int64)
+        if not every:
+            b.temperature[3] = 0.0
+        return b
+
+    with_kernel, without = Sampler(seed=9), Sampler(seed=9)
+    got = [with_kernel.sample_tensor(logits, batch())[0] for _ in range(3)]
+    monkeypatch.setattr(cpu_sample, "available", lambda: False)
+    want = [without.sample_tensor(logits, batch())[0] for _ in range(3)]
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    assert not torch.equal(got[0], got[1])  # unseeded rows move with the generator
+    if not every:
+        assert got[0][3].item() == logits[3].argmax().item()
