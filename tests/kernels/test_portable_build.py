@@ -32,6 +32,7 @@ def test_the_portable_loops_pass_the_kernel_tests(tmp_path):
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
          "tests/kernels/test_gguf_decoder.py", "tests/kernels/test_cpu_kernels.py",
          "tests/kernels/test_kv_fp8.py", "tests/kernels/test_gguf_decoder_fp8.py",  # FP8 KV: the scalar table
+         "tests/kernels/test_cpu_sample.py",  # the top-p mass's scalar exponentials
          "-k", "not vectorized_paths"],  # the one test that asks for AVX2
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]
