@@ -1,6 +1,6 @@
-"""Launcher of the C++ top-k draw (kernels/cpu/sample_ops.cpp) on the CPU. Twin:
-`reference.sample_top_k_ref`, the path on other devices and where the extension cannot be built
-(kernels/cpu_ext.py; `TESSERA_CPU_KERNELS=0` turns it off).
+"""Launchers of the C++ draws (kernels/cpu/sample_ops.cpp) on the CPU: among top-k candidates, and over
+the whole vocabulary. Twins: `reference.sample_top_k_ref` and `reference.sample_full_ref`, the paths on
+other devices and where the extension cannot be built (kernels/cpu_ext.py; `TESSERA_CPU_KERNELS=0`).
 
 Same tokens as the twin for the same inputs, except where two candidates' weight / noise ratios
 agree to float rounding (the exponentials are computed in a different order and library) or logits
@@ -30,9 +30,31 @@ def sample_top_k(logits: torch.Tensor, temperature: torch.Tensor, k: int, top_k:
         raise ValueError("sample_top_k (CPU): CPU tensors only")
     if logits.dtype != torch.float32:
         raise ValueError(f"sample_top_k (CPU): float32 logits, got {logits.dtype}")
-    def as_(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:  # no copy when it already is
-        return None if t is None else t.to(dtype).contiguous()
+    return mod.sample_top_k(logits.contiguous(), _as(temperature, torch.float32), int(k), _as(top_k, torch.int64),
+                            _as(top_p, torch.float32), _as(min_p, torch.float32), _as(noise, torch.float32),
+                            _as(seeds, torch.int64), _as(index, torch.int64))
 
-    return mod.sample_top_k(logits.contiguous(), as_(temperature, torch.float32), int(k), as_(top_k, torch.int64),
-                            as_(top_p, torch.float32), as_(min_p, torch.float32), as_(noise, torch.float32),
-                            as_(seeds, torch.int64), as_(index, torch.int64))
+
+def sample_full(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
+                top_p: torch.Tensor | None, min_p: torch.Tensor | None, seeds: torch.Tensor,
+                index: torch.Tensor) -> torch.Tensor:
+    """`reference.sample_full_ref` for CPU tensors and float32 logits (the other tensors converted to the
+    kernel's dtypes where they are not)."""
+    mod = extension()
+    if mod is None:
+        raise RuntimeError("cpu kernels: not available on this machine (see the log)")
+    if logits.device.type != "cpu":
+        raise ValueError("sample_full (CPU): CPU tensors only")
+    if logits.dtype != torch.float32:
+        raise ValueError(f"sample_full (CPU): float32 logits, got {logits.dtype}")
+    return mod.sample_full(logits.contiguous(), _as(temperature, torch.float32), _as(top_k, torch.int64),
+                           _as(top_p, torch.float32), _as(min_p, torch.float32), _as(seeds, torch.int64),
+                           _as(index, torch.int64))
+
+
+def _as(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """t in `dtype`, contiguous. Looked at first: a call to `to` costs ~1 µs even when it returns t, and
+    the draw at batch 1 takes ~3."""
+    if t is None or (t.dtype == dtype and t.is_contiguous()):
+        return t
+    return t.to(dtype).contiguous()

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from kernels.awq_layout import awq_dequantize
 from kernels.gguf_layout import q4_1_fields, q8_0_fields
 from kernels.kv_fp8 import readable
-from kernels.seeded_noise import seeded_noise_at
+from kernels.seeded_noise import seeded_noise, seeded_noise_at
 
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
 
@@ -186,6 +186,54 @@ def sample_top_k_ref(
         noise = torch.where((seeds >= 0)[:, None], seeded_noise_at(seeds, index, ids), noise)
     choice = (weights / noise).argmax(dim=-1, keepdim=True)
     return ids.gather(1, choice).squeeze(1)
+
+
+def top_k_top_p_mask(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """Logits outside each row's top-k and top-p nucleus set to -inf (the most likely token always stays).
+    top_k 0 (or >= vocab) and top_p 1 leave a row whole. The nucleus's mass is the whole vocabulary's."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if top_k is not None:
+        k = torch.where(top_k > 0, top_k, vocab)
+        drop |= torch.arange(vocab, device=logits.device)[None, :] >= k[:, None]
+    if top_p is not None:
+        probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the mass before it already reaches top_p.
+        mass_before = probs.cumsum(dim=-1) - probs
+        drop |= mass_before >= top_p[:, None]
+    drop[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(drop, -float("inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def sample_full_ref(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    min_p: torch.Tensor | None,
+    seeds: torch.Tensor,
+    index: torch.Tensor,
+) -> torch.Tensor:
+    """One token per row of float32 logits [R, V], drawn over the whole vocabulary: for rows whose top_k
+    (0: off) is not small enough for sample_top_k_ref, or that have none.
+
+    temperature [R] > 0; top_k [R] (0: off), top_p [R] (1: off) and min_p [R] (0: off) as in
+    sample_top_k_ref, each None where no row uses it. The exponential race's noise is the hash of
+    (seeds [R] >= 0, index [R], token id) for every row (kernels/seeded_noise.py): a seeded request's
+    seed and output index, a fresh random seed for the others (the caller draws it), so no Exp(1) is
+    drawn for each of the vocabulary's tokens. A seeded row draws what sample_top_k_ref draws for it
+    where both apply. Returns int64 ids [R].
+    """
+    scaled = logits / temperature[:, None]
+    if top_k is not None or top_p is not None:
+        scaled = top_k_top_p_mask(scaled, top_k, top_p)
+    probs = torch.softmax(scaled, dim=-1)
+    if min_p is not None:
+        floor = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
+        probs = torch.where(probs < floor, torch.zeros_like(probs), probs)
+    return (probs / seeded_noise(seeds, index, logits.shape[1])).argmax(dim=-1)
 
 
 # --- LoRA ------------------------------------------------------------------------------------

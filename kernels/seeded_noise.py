@@ -46,7 +46,11 @@ def seeded_noise_at(seeds: torch.Tensor, index: torch.Tensor, token_ids: torch.T
     x = (x ^ _shr(x, 16)) * _MIX32_1
     x = (x ^ _shr(x, 13)) * _MIX32_2
     x = x ^ _shr(x, 16)
-    u = (_shr(x, 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # 24 random bits -> (0, 1)
+    # 23 random bits -> (0, 1). Not 24: float32 holds 24 significant bits, so (2^24 - 1) + 0.5 rounded
+    # to 2^24, u to 1 and the noise to 0 (1 token in 2^24: at 49,152 tokens one row in ~340), and a
+    # weight over a zero noise won the race whatever its probability (NaN for a masked token, which
+    # argmax takes for the largest)
+    u = (_shr(x, 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
     return -torch.log(u)
 
 

@@ -1,6 +1,8 @@
-"""The C++ top-k draw (kernels/cpu/sample_ops.cpp) against its torch twin, reference.sample_top_k_ref
-(the sampler's path on other devices): top-k 40, top-p 0.95, temperature 0.8, half the rows seeded,
-at batch 1, 32 and 256, over benchmarks.step_overhead's 512-token vocabulary and SmolLM2's 49,152.
+"""The C++ draws (kernels/cpu/sample_ops.cpp) against their torch twins (the sampler's path on other
+devices): among top-k candidates (reference.sample_top_k_ref: top-k 40, top-p 0.95, temperature 0.8,
+half the rows seeded) at batch 1, 32 and 256 over benchmarks.step_overhead's 512-token vocabulary and
+SmolLM2's 49,152; and over the whole vocabulary (reference.sample_full_ref: temperature alone, top-p 0.9
+over peaked logits, and over nearly flat ones whose nucleus is most of the vocabulary) at 49,152.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 
 from benchmarks.kernels._harness import VOCAB, Report, device, measure, write
 from kernels import cpu_sample
-from kernels.reference import sample_top_k_ref
+from kernels.reference import sample_full_ref, sample_top_k_ref
 
 
 def _cycling(fn: Callable[..., torch.Tensor], sets: list[tuple]) -> Callable[[], torch.Tensor]:
@@ -39,6 +41,16 @@ def main() -> None:
             if cpu_sample.available():
                 impls["c++"] = _cycling(cpu_sample.sample_top_k, sets)
             measure(report, f"top-k 40 + top-p, {rows} x {vocab}", impls)
+    for rows in (1, 8, 32):
+        for case, scale, top_p in (("temperature", 3.0, None), ("top-p 0.9", 3.0, 0.9), ("top-p 0.9, flat", 0.3, 0.9)):
+            g = torch.Generator().manual_seed(rows)
+            sets = [(torch.randn(rows, VOCAB, generator=g) * scale, torch.full((rows,), 0.8), None,
+                     None if top_p is None else torch.full((rows,), top_p), None,
+                     torch.randint(0, 1 << 62, (rows,), generator=g), torch.arange(rows)) for _ in range(2)]
+            impls = {"reference": _cycling(sample_full_ref, sets)}
+            if cpu_sample.available():
+                impls["c++"] = _cycling(cpu_sample.sample_full, sets)
+            measure(report, f"whole vocabulary, {case}, {rows} x {VOCAB}", impls)
     write(report)
 
 

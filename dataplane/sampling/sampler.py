@@ -4,14 +4,17 @@ The whole batch is sampled with a few tensor ops on the logits' device, whatever
 its rows carry (`SamplingBatch`: one array per parameter, a value per row, decided on the host with
 numpy so no decision waits for the device, once per batch: sampling/plan.py); the only per-row Python
 left is for rows that ask for something only they need (penalties, logit bias, logprobs' results).
-Rows with a top-k draw among
-their top-k candidates only (one `topk` instead of a sort of the vocabulary), with top-p and min-p
-applied to those candidates exactly as over the whole vocabulary. The tokens come back to the host in
-one copy.
+The draw itself is one of two functions of plain tensors, each a torch reference (kernels/reference.py,
+what a GPU runs) with a C++ twin on the CPU (kernels/cpu_sample.py): among each row's top-k candidates
+when every drawing row has a small top_k (one `topk` instead of a sort of the vocabulary, top-p and
+min-p applied to those candidates exactly as over the whole vocabulary), else over the whole
+vocabulary. The tokens come back to the host in one copy.
 
 Sampling uses the exponential race (argmax of p / q with q ~ Exp(1)), which equals drawing from p.
 A seeded request's noise is a hash of (seed, output index, token id) (kernels/seeded_noise.py), so its
-tokens depend neither on its batch mates nor on whether it was preempted and recomputed.
+tokens depend neither on its batch mates nor on whether it was preempted and recomputed, nor on which
+of the two draws its batch took. Over the whole vocabulary every row's noise is hashed (unseeded rows
+from a seed drawn per step), so no Exp(1) is drawn for each token.
 """
 
 from __future__ import annotations
@@ -27,10 +30,7 @@ from dataplane.sampling.plan import DrawPlan, up
 from dataplane.sampling.rows import SamplingRow
 from dataplane.scheduler.output import TokenLogprobs
 from kernels import cpu_sample
-from kernels.reference import sample_top_k_ref
-from kernels.seeded_noise import seeded_noise
-
-_MASK = -float("inf")
+from kernels.reference import sample_full_ref, sample_top_k_ref
 
 
 @dataclass(slots=True)
@@ -136,34 +136,31 @@ class Sampler:
         if plan.candidates:
             drawn = self._draw_candidates(drawing, temperature, plan, batch.output_index)
         else:
-            drawn = self._draw(drawing / temperature[:, None], plan, batch.output_index)
+            drawn = self._draw(drawing, temperature, plan, batch.output_index)
         if plan.every:
             return drawn, raw
         tokens = logits.argmax(dim=-1)
         tokens[on] = drawn
         return tokens, raw
 
-    def _seeded_inputs(self, plan: DrawPlan, index: np.ndarray | None, device: torch.device):  # noqa: ANN202
-        """(seeded rows, their seeds, their output indices) on the device; the indices move every step."""
-        at = index if plan.every else index[plan.random]
-        return (plan.on("seeded", device, plan.seeded), plan.on("seeds", device, plan.seeds[plan.seeded]),
-                up(at[plan.seeded], device))
-
-    def _draw(self, scaled: torch.Tensor, plan: DrawPlan, index: np.ndarray | None) -> torch.Tensor:
-        """One draw per row of temperature-scaled logits under top-k / top-p / min-p and seeds."""
-        device, vocab = scaled.device, scaled.shape[1]
-        if plan.top_k is not None or plan.top_p is not None:
-            scaled = _top_k_top_p(scaled, None if plan.top_k is None else plan.on("top_k", device, plan.top_k),
-                                  None if plan.top_p is None else plan.on("top_p", device, plan.top_p))
-        probs = torch.softmax(scaled, dim=-1)
-        if plan.min_p is not None:
-            floor = probs.max(dim=-1, keepdim=True).values * plan.on("min_p", device, plan.min_p)[:, None]
-            probs = torch.where(probs < floor, torch.zeros_like(probs), probs)
-        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+    def _draw(self, logits: torch.Tensor, temperature: torch.Tensor, plan: DrawPlan,
+              index: np.ndarray | None) -> torch.Tensor:
+        """One draw per row over the whole vocabulary, under top-k / top-p / min-p (reference.sample_full_ref;
+        on the CPU its C++ twin, one call). Every row's noise is hashed: a seeded row's from its seed and
+        output index, the others' from a seed drawn here, one number a row instead of an Exp(1) for each
+        of the vocabulary's tokens."""
+        device, rows = logits.device, logits.shape[0]
+        seeds = torch.randint(0, 1 << 62, (rows,), device=device, generator=self.generator)
+        at = torch.zeros(rows, dtype=torch.long, device=device)
         if len(plan.seeded):
-            rows, seeds, at = self._seeded_inputs(plan, index, device)
-            noise[rows] = seeded_noise(seeds, at, vocab)
-        return (probs / noise).argmax(dim=-1)
+            seeded = plan.on("seeded", device, plan.seeded)
+            seeds[seeded] = plan.on("seeds", device, plan.seeds[plan.seeded])
+            at[seeded] = up((index if plan.every else index[plan.random])[plan.seeded], device)
+        top_k = None if plan.top_k is None else plan.on("top_k", device, plan.top_k)
+        top_p = None if plan.top_p is None else plan.on("top_p", device, plan.top_p)
+        min_p = None if plan.min_p is None else plan.on("min_p", device, plan.min_p)
+        draw = cpu_sample.sample_full if device.type == "cpu" and cpu_sample.available() else sample_full_ref
+        return draw(logits, temperature, top_k, top_p, min_p, seeds, at)
 
     def _draw_candidates(self, logits: torch.Tensor, temperature: torch.Tensor, plan: DrawPlan,
                          index: np.ndarray | None) -> torch.Tensor:
@@ -198,21 +195,3 @@ class Sampler:
             out[i] = TokenLogprobs(tokens[i], picked[j], list(zip(top_ids[j][:n], top_values[j][:n], strict=True)))
         return out
 
-
-def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
-    """Mask logits outside each row's top-k and top-p nucleus (the most likely token always stays).
-    top_k 0 (or >= vocab) and top_p 1 leave a row whole."""
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    vocab = logits.shape[-1]
-    drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
-    if top_k is not None:
-        k = torch.where(top_k > 0, top_k, vocab)
-        drop |= torch.arange(vocab, device=logits.device)[None, :] >= k[:, None]
-    if top_p is not None:
-        probs = sorted_logits.softmax(dim=-1)
-        # Drop a token when the mass before it already reaches top_p.
-        mass_before = probs.cumsum(dim=-1) - probs
-        drop |= mass_before >= top_p[:, None]
-    drop[:, 0] = False
-    sorted_logits = sorted_logits.masked_fill(drop, _MASK)
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)

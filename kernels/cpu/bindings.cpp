@@ -12,5 +12,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // no GIL while it runs: the worker's event loop processes the previous step's outputs meanwhile
   m.def("sample_top_k", &sample_top_k_cpu, "a draw among each row's top-k candidates (sample_top_k_ref's signature)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("sample_full", &sample_full_cpu, "a draw over the whole vocabulary (sample_full_ref's signature)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   bind_gguf_decoder(m);
 }

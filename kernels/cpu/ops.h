@@ -20,11 +20,17 @@ std::vector<torch::Tensor> rope_write_kv_cpu(const torch::Tensor& qkv, const tor
                                              int64_t kv_heads);
 torch::Tensor rms_norm_cpu(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
-// sample_ops.cpp: a step's draw among each row's top-k candidates (kernels.reference.sample_top_k_ref).
+// sample_ops.cpp: a step's draw among each row's top-k candidates (kernels.reference.sample_top_k_ref),
+// and over the whole vocabulary (sample_full_ref).
 torch::Tensor sample_top_k_cpu(const torch::Tensor& logits, const torch::Tensor& temperature, int64_t k,
                                const std::optional<torch::Tensor>& top_k, const std::optional<torch::Tensor>& top_p,
                                const std::optional<torch::Tensor>& min_p, const torch::Tensor& noise,
                                const std::optional<torch::Tensor>& seeds, const std::optional<torch::Tensor>& index);
+
+torch::Tensor sample_full_cpu(const torch::Tensor& logits, const torch::Tensor& temperature,
+                              const std::optional<torch::Tensor>& top_k, const std::optional<torch::Tensor>& top_p,
+                              const std::optional<torch::Tensor>& min_p, const torch::Tensor& seeds,
+                              const torch::Tensor& index);
 
 // gguf_decoder.cpp: a whole decode step over GGUF-block projections (the GgufDecoder class).
 void bind_gguf_decoder(pybind11::module& m);

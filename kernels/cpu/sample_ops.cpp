@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "decode_math.h"
@@ -45,7 +46,7 @@ inline float seeded_noise_at(uint32_t stream, int64_t id) {
   x = (x ^ (x >> 16)) * 0x85EBCA6Bu;
   x = (x ^ (x >> 13)) * 0xC2B2AE35u;
   x = x ^ (x >> 16);
-  const float u = (static_cast<float>(x >> 8) + 0.5f) * (1.0f / 16777216.0f);  // 24 random bits -> (0, 1)
+  const float u = (static_cast<float>(x >> 9) + 0.5f) * (1.0f / 8388608.0f);  // 23 random bits -> (0, 1)
   return -std::log(u);
 }
 
@@ -67,6 +68,8 @@ inline bool reaches(const float* p, int64_t n, float t) {
 // Up to this many candidates are ordered by counting (m^2 compares, branch-free and vectorized); more
 // (a row masked to fewer than k numbers, say) by the standard library's branchy selection and sort.
 constexpr int64_t kRankLimit = 256;
+// A top-p nucleus larger than this is not sorted: its floor is found by bisection (nucleus_floor).
+constexpr int64_t kLargestNucleus = 1024;
 
 struct Scratch {
   std::vector<float> maxima, pv;  // the piles' maxima; the pool's values
@@ -193,6 +196,133 @@ const int64_t* optional_longs(const std::optional<torch::Tensor>& t, int64_t row
 
 }  // namespace
 
+// Where a row's candidates c[0, count) (sorted, best first) may win and with what weight: e^(v/t - best)
+// (v the candidate's logit), 0 where dropped: rank >= keep, v/t below floor, or, with top_p, the mass
+// before it (over the whole vocabulary's `mass`) reaching top_p. Then the exponential race: argmax of
+// w / noise, the first on a tie; noise hashed from `stream` at the candidates' ids, or q[0, count).
+int64_t race_candidates(const Cand* c, int64_t count, float t, float best, int64_t keep, float floor,
+                        const float* top_p, float mass, const uint32_t* stream, const float* q, float* w) {
+  double cum = 0.0;  // torch's CPU cumsum accumulates float32 in double
+  for (int64_t j = 0; j < count; ++j) {
+    const float v = c[j].v / t;
+    const float wj = std::exp(v - best);
+    bool drop = j >= keep || v < floor;
+    if (top_p) {
+      const float p = wj / mass;
+      cum += p;
+      // the mass before this candidate reaches top_p (before the best it is 0 < top_p)
+      drop = drop || (static_cast<float>(cum) - p) >= *top_p;
+    }
+    w[j] = drop ? 0.f : wj;
+  }
+  int64_t choice = 0;
+  float top = -1.f;
+  for (int64_t j = 0; j < count; ++j) {
+    const float score = w[j] / (stream ? seeded_noise_at(*stream, c[j].i) : q[j]);
+    if (score > top) {
+      top = score;
+      choice = j;
+    }
+  }
+  return c[choice].i;
+}
+
+#ifdef TESSERA_ATTN_AVX2
+// ln x for 8 floats x > 0 (Cephes' logf as avx_mathfun spells it), relative error ~1e-7.
+inline __m256 log256(__m256 x) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  x = _mm256_max_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x00800000)));  // no denormals
+  __m256i e = _mm256_srli_epi32(_mm256_castps_si256(x), 23);
+  x = _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(~0x7f800000)));
+  x = _mm256_or_ps(x, _mm256_set1_ps(0.5f));
+  __m256 ef = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(e, _mm256_set1_epi32(0x7f))), one);
+  const __m256 small = _mm256_cmp_ps(x, _mm256_set1_ps(0.707106781186547524f), _CMP_LT_OS);
+  const __m256 tmp = _mm256_and_ps(x, small);
+  x = _mm256_sub_ps(x, one);
+  ef = _mm256_sub_ps(ef, _mm256_and_ps(one, small));
+  x = _mm256_add_ps(x, tmp);
+  const __m256 z = _mm256_mul_ps(x, x);
+  __m256 y = _mm256_set1_ps(7.0376836292E-2f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(-1.1514610310E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.1676998740E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(-1.2420140846E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.4249322787E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(-1.6668057665E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(2.0000714765E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(-2.4999993993E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(3.3333331174E-1f));
+  y = _mm256_mul_ps(_mm256_mul_ps(y, x), z);
+  y = _mm256_fmadd_ps(ef, _mm256_set1_ps(-2.12194440e-4f), y);
+  y = _mm256_fnmadd_ps(z, _mm256_set1_ps(0.5f), y);
+  return _mm256_fmadd_ps(ef, _mm256_set1_ps(0.693359375f), _mm256_add_ps(x, y));
+}
+
+// seeded_noise_at for the 8 token ids first .. first + 7.
+inline __m256 noise8(uint32_t stream, int64_t first) {
+  const __m256i ids = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(first)),
+                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256i x = _mm256_xor_si256(_mm256_set1_epi32(static_cast<int32_t>(stream)),
+                               _mm256_mullo_epi32(ids, _mm256_set1_epi32(static_cast<int32_t>(0x9E3779B9u))));
+  x = _mm256_mullo_epi32(_mm256_xor_si256(x, _mm256_srli_epi32(x, 16)), _mm256_set1_epi32(static_cast<int32_t>(0x85EBCA6Bu)));
+  x = _mm256_mullo_epi32(_mm256_xor_si256(x, _mm256_srli_epi32(x, 13)), _mm256_set1_epi32(static_cast<int32_t>(0xC2B2AE35u)));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  const __m256 u = _mm256_mul_ps(_mm256_add_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(x, 9)), _mm256_set1_ps(0.5f)),
+                                 _mm256_set1_ps(1.0f / 8388608.0f));
+  return _mm256_sub_ps(_mm256_setzero_ps(), log256(u));
+}
+#endif
+
+// The race over the whole row: argmax over x[0, n) of e^(x/t - best) / noise(id), hashed noise, tokens
+// whose x/t is below floor or whose x is below raw_floor excluded. A hash and a logarithm for every token (vectorized): no Exp(1)
+// drawn a token, which in torch was most of a row's 0.8 ms at 49,152 tokens.
+int64_t race_all(const float* x, int64_t n, float t, float best, float floor, float raw_floor, uint32_t stream) {
+  int64_t i = 0, choice = 0;
+  float top = -1.f;
+#ifdef TESSERA_ATTN_AVX2
+  if (n >= 8) {
+    const __m256 tv = _mm256_set1_ps(t), bv = _mm256_set1_ps(best), fv = _mm256_set1_ps(floor);
+    const __m256 rv = _mm256_set1_ps(raw_floor);
+    __m256 topv = _mm256_set1_ps(-1.f);
+    __m256i at = _mm256_setzero_si256();
+    for (; i + 8 <= n; i += 8) {
+      const __m256 xv = _mm256_loadu_ps(x + i);
+      const __m256 v = _mm256_div_ps(xv, tv);
+      const __m256 d = _mm256_sub_ps(v, bv);
+      // below a floor, or so far below the best that e^d is no normal float: weight 0
+      const __m256 out = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(v, fv, _CMP_LT_OQ), _mm256_cmp_ps(xv, rv, _CMP_LT_OQ)),
+                                      _mm256_cmp_ps(d, _mm256_set1_ps(-87.f), _CMP_LT_OQ));
+      const __m256 w = _mm256_andnot_ps(out, tessera_attn::exp256(d));
+      const __m256 score = _mm256_div_ps(w, noise8(stream, i));
+      const __m256 wins = _mm256_cmp_ps(score, topv, _CMP_GT_OQ);  // each lane keeps its first maximum
+      topv = _mm256_blendv_ps(topv, score, wins);
+      at = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(at),
+                                                _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int32_t>(i))), wins));
+    }
+    alignas(32) float tops[8];
+    alignas(32) int32_t starts[8];
+    _mm256_store_ps(tops, topv);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(starts), at);
+    for (int l = 0; l < 8; ++l) {  // the lowest id among the lanes' maxima
+      const int64_t id = static_cast<int64_t>(starts[l]) + l;
+      if (tops[l] > top || (tops[l] == top && id < choice)) {
+        top = tops[l];
+        choice = id;
+      }
+    }
+  }
+#endif
+  for (; i < n; ++i) {
+    const float v = x[i] / t;
+    const float w = v < floor || x[i] < raw_floor ? 0.f : std::exp(v - best);
+    const float score = w / seeded_noise_at(stream, i);
+    if (score > top) {
+      top = score;
+      choice = i;
+    }
+  }
+  return choice;
+}
+
 torch::Tensor sample_top_k_cpu(const torch::Tensor& logits, const torch::Tensor& temperature, int64_t k,
                                const std::optional<torch::Tensor>& top_k_t, const std::optional<torch::Tensor>& top_p_t,
                                const std::optional<torch::Tensor>& min_p_t, const torch::Tensor& noise,
@@ -232,32 +362,148 @@ torch::Tensor sample_top_k_cpu(const torch::Tensor& logits, const torch::Tensor&
       const int64_t keep = top_k ? std::min(top_k[r], k) : k;
       const float floor = min_p ? best + std::log(min_p[r]) : -INFINITY;
       const float mass = top_p ? scaled_mass(x, vocab, t, best) : 1.f;
-      double cum = 0.0;  // torch's CPU cumsum accumulates float32 in double
-      for (int64_t j = 0; j < k; ++j) {
-        const float v = c[j].v / t;
-        float wj = std::exp(v - best);
-        bool drop = j >= keep || v < floor;
-        if (top_p) {
-          const float p = wj / mass;
-          cum += p;
-          // the mass before this candidate reaches top_p (before the best it is 0 < top_p)
-          drop = drop || (static_cast<float>(cum) - p) >= top_p[r];
-        }
-        w[j] = drop ? 0.f : wj;
-      }
       const bool seeded = seeds && seeds[r] >= 0;
       const uint32_t stream = seeded ? noise_stream(seeds[r], index[r]) : 0;
-      int64_t choice = 0;
-      float top = -1.f;
-      for (int64_t j = 0; j < k; ++j) {  // the exponential race: argmax of w / Exp(1), the first on a tie
-        const float q = seeded ? seeded_noise_at(stream, c[j].i) : n0[r * k + j];
-        const float score = w[j] / q;
-        if (score > top) {
-          top = score;
-          choice = j;
-        }
+      ids[r] = race_candidates(c.data(), k, t, best, keep, floor, top_p ? top_p + r : nullptr, mass,
+                               seeded ? &stream : nullptr, n0 + r * k, w.data());
+    }
+  });
+  return out;
+}
+
+// A float's place in the order of floats as an integer (NaN aside), and back.
+inline int32_t order_key(float f) {
+  int32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return b >= 0 ? b : b ^ 0x7fffffff;
+}
+
+inline float from_order_key(int64_t k) {
+  int32_t b = static_cast<int32_t>(k);
+  b = b >= 0 ? b : b ^ 0x7fffffff;
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+}
+
+// The least logit a top-p nucleus keeps when the nucleus is large (a flat row): a token is kept when the
+// mass of the tokens above it is below top_p of the whole, so the kept ones are those at or above some
+// value; bisection over the value (<= 32 passes of a masked sum over the row's weights, held in `w`)
+// instead of a sort of the vocabulary. Ties between equal logits aside, the set the reference's sort keeps.
+float nucleus_floor(const float* x, int64_t n, float t, float best, float top_p, std::vector<float>& w) {
+  w.resize(n);
+  double whole = 0.0;
+  float lo = INFINITY, hi = -INFINITY;
+  int64_t i = 0;
+#ifdef TESSERA_ATTN_AVX2
+  const __m256 tv = _mm256_set1_ps(t), bv = _mm256_set1_ps(best);
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(w.data() + i, tessera_attn::exp256(_mm256_sub_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), tv), bv)));
+#endif
+  for (; i < n; ++i) w[i] = std::exp(x[i] / t - best);
+  for (i = 0; i < n; ++i) {
+    whole += w[i];
+    lo = x[i] < lo ? x[i] : lo;
+    hi = x[i] > hi ? x[i] : hi;
+  }
+  const double want = static_cast<double>(top_p) * whole;
+  auto above = [&](float v) {  // the mass of the tokens whose logit is above v
+    int64_t j = 0;
+    double sum = 0.0;
+#ifdef TESSERA_ATTN_AVX2
+    const __m256 vv = _mm256_set1_ps(v);
+    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+    for (; j + 16 <= n; j += 16) {
+      a = _mm256_add_ps(a, _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + j), vv, _CMP_GT_OQ), _mm256_loadu_ps(&w[j])));
+      b = _mm256_add_ps(b, _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + j + 8), vv, _CMP_GT_OQ),
+                                         _mm256_loadu_ps(&w[j + 8])));
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, _mm256_add_ps(a, b));
+    for (float l : lanes) sum += l;
+#endif
+    for (; j < n; ++j) sum += x[j] > v ? w[j] : 0.f;
+    return sum;
+  };
+  if (above(lo) < want) return lo;  // every token but the least is above: all kept
+  // above(lo) >= want (lo's token is dropped), above(hi) = 0 < want (the best is kept). Bisection over
+  // the floats' order (as integers): at most 32 passes, and it ends with no float between lo and hi.
+  int64_t klo = order_key(lo), khi = order_key(hi);
+  while (khi - klo > 1) {
+    const int64_t kmid = klo + (khi - klo) / 2;
+    (above(from_order_key(kmid)) < want ? khi : klo) = kmid;
+  }
+  hi = from_order_key(khi);
+  return hi;  // tokens at or above hi have less than top_p above them; those at or below lo do not
+}
+
+torch::Tensor sample_full_cpu(const torch::Tensor& logits, const torch::Tensor& temperature,
+                              const std::optional<torch::Tensor>& top_k_t, const std::optional<torch::Tensor>& top_p_t,
+                              const std::optional<torch::Tensor>& min_p_t, const torch::Tensor& seeds_t,
+                              const torch::Tensor& index_t) {
+  TORCH_CHECK(logits.device().is_cpu() && logits.scalar_type() == torch::kFloat32 && logits.dim() == 2 &&
+                  logits.is_contiguous(),
+              "sample_full: logits must be a contiguous float32 [rows, vocab] CPU tensor");
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  TORCH_CHECK(vocab >= 1 && vocab < (int64_t{1} << 31), "sample_full: vocabularies of 1 to 2^31 tokens");
+  const float* temp = optional_floats(temperature, rows, "temperature");
+  const int64_t* top_k = optional_longs(top_k_t, rows, "top_k");
+  const float* top_p = optional_floats(top_p_t, rows, "top_p");
+  const float* min_p = optional_floats(min_p_t, rows, "min_p");
+  const int64_t* seeds = optional_longs(seeds_t, rows, "seeds");
+  const int64_t* index = optional_longs(index_t, rows, "index");
+  auto out = torch::empty({rows}, torch::kInt64);
+  const float* x0 = logits.data_ptr<float>();
+  int64_t* ids = out.data_ptr<int64_t>();
+  const int64_t grain = std::max<int64_t>(1, 32768 / vocab);
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<Cand> c;
+    std::vector<float> w;
+    Scratch scratch;
+    for (int64_t r = begin; r < end; ++r) {
+      const float* x = x0 + r * vocab;
+      const float t = temp[r];
+      const uint32_t stream = noise_stream(seeds[r], index[r]);
+      const float best = block_max(x, vocab) / t;
+      const float floor = min_p && min_p[r] > 0.f ? best + std::log(min_p[r]) : -INFINITY;
+      const int64_t keep = top_k && top_k[r] > 0 ? std::min(top_k[r], vocab) : vocab;
+      const bool nucleus = top_p && top_p[r] < 1.f;
+      if (keep == vocab && !nucleus) {  // every token may win: the race over the row
+        ids[r] = race_all(x, vocab, t, best, floor, -INFINITY, stream);
+        continue;
       }
-      ids[r] = c[choice].i;
+      // The candidates the reference's sort keeps are a prefix of the sorted row: the top `count`,
+      // grown until it holds top_k or the whole nucleus. Candidates come sorted, so the top m hold at
+      // most m / count of the first count's mass: that says how far to grow, and when a nucleus is too
+      // large to sort (a flat row) its floor is found by bisection instead.
+      const float mass = nucleus ? scaled_mass(x, vocab, t, best) : 1.f;
+      int64_t count = nucleus ? std::min<int64_t>(keep, 64) : keep;  // top-k alone: its k
+      bool flat = false;
+      for (;;) {
+        c.resize(count);
+        select_top_k(x, vocab, count, c.data(), scratch);
+        if (count == keep) break;
+        double cum = 0.0;
+        for (int64_t j = 0; j < count; ++j) cum += std::exp(c[j].v / t - best) / mass;
+        // with a margin over the rounding: the next candidate's mass before reaches top_p, and so do all
+        // the others'
+        const double need = static_cast<double>(top_p[r]) + 1e-5;
+        if (cum >= need) break;
+        int64_t next = count * 4;  // at least 4x; more where even that cannot hold top_p
+        while (next < vocab && cum * static_cast<double>(next) / static_cast<double>(count) < need) next *= 4;
+        if (next > kLargestNucleus && keep == vocab) {
+          flat = true;
+          break;
+        }
+        count = std::min(keep, next);
+      }
+      if (flat) {
+        ids[r] = race_all(x, vocab, t, best, floor, nucleus_floor(x, vocab, t, best, top_p[r], w), stream);
+        continue;
+      }
+      w.resize(count);
+      ids[r] = race_candidates(c.data(), count, t, best, keep, floor, nucleus ? top_p + r : nullptr, mass, &stream,
+                               nullptr, w.data());
     }
   });
   return out;

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from dataplane.engine.detokenizer import IncrementalDetokenizer
-from dataplane.sampling.sampler import Sampler, SamplingRow, _top_k_top_p
+from dataplane.sampling.sampler import Sampler, SamplingRow
 from dataplane.sampling_params import SamplingParams
+from kernels.reference import top_k_top_p_mask
 
 
 def row(**kw) -> SamplingRow:
@@ -46,7 +47,7 @@ def test_sampling_follows_the_distribution():
 
 def test_top_k_and_top_p_masks():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.5, 0.3, 0.15, 0.05]]))
-    masked = _top_k_top_p(logits, torch.tensor([2, 4]), torch.tensor([1.0, 0.8]))
+    masked = top_k_top_p_mask(logits, torch.tensor([2, 4]), torch.tensor([1.0, 0.8]))
     assert torch.isinf(masked[0, 2:]).all() and torch.isfinite(masked[0, :2]).all()
     # top_p=0.8: 0.5 + 0.3 reaches 0.8, so the third token is dropped.
     assert torch.isfinite(masked[1, :2]).all() and torch.isinf(masked[1, 2:]).all()

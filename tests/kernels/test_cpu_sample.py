@@ -1,5 +1,5 @@
-"""The C++ top-k draw (kernels/cpu/sample_ops.cpp) against its twin, reference.sample_top_k_ref, and
-the sampler on either (dataplane/sampling/sampler.py)."""
+"""The C++ draws (kernels/cpu/sample_ops.cpp) against their twins, reference.sample_top_k_ref and
+reference.sample_full_ref, and the sampler on either (dataplane/sampling/sampler.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 
 from dataplane.sampling.sampler import Sampler, SamplingBatch
 from kernels import cpu_sample
-from kernels.reference import sample_top_k_ref
+from kernels.reference import sample_full_ref, sample_top_k_ref, top_k_top_p_mask
+from kernels.seeded_noise import seeded_noise
 
 pytestmark = pytest.mark.skipif(not cpu_sample.available(), reason="the C++ CPU kernels cannot be built here")
 
@@ -163,3 +164,117 @@ def test_the_sampler_draws_the_same_with_or_without_the_kernel(monkeypatch, ever
     assert not torch.equal(got[0], got[1])  # unseeded rows move with the generator
     if not every:
         assert got[0][3].item() == logits[3].argmax().item()
+
+
+FULL_MIXES = {  # rows of the whole-vocabulary draw: what each row carries (0 / 1 / None: off)
+    "temperature only": (None, None, None),
+    "top_p": (None, "top_p", None),
+    "top_k beyond the candidates' limit, some rows off": ("top_k", None, None),
+    "top_k, top_p and min_p": ("top_k", "top_p", "min_p"),
+    "min_p only": (None, None, "min_p"),
+}
+
+
+def _full_inputs(rows: int, vocab: int, seed: int, scale: float) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    some = torch.rand(rows, generator=g) < 0.6
+    return {
+        "logits": torch.randn(rows, vocab, generator=g) * scale,
+        "temperature": torch.rand(rows, generator=g) + 0.3,
+        "top_k": torch.where(some, torch.randint(1, vocab + 1, (rows,), generator=g), 0),
+        "top_p": torch.where(some, torch.rand(rows, generator=g) * 0.9 + 0.1, 1.0),
+        "min_p": torch.where(some, torch.rand(rows, generator=g) * 0.2, 0.0),
+        "seeds": torch.randint(0, 1 << 62, (rows,), generator=g),
+        "index": torch.randint(0, 1000, (rows,), generator=g),
+    }
+
+
+@pytest.mark.parametrize("rows,vocab", [(8, 49152), (64, 512), (40, 5000), (20, 37)])
+@pytest.mark.parametrize("scale", [3.0, 1.0, 0.3])  # peaked, a nucleus of half the vocabulary, nearly flat
+@pytest.mark.parametrize("mix", list(FULL_MIXES))
+def test_the_whole_vocabulary_draw_matches_its_reference(rows, vocab, scale, mix):
+    """Every row's noise hashed at every token: the same token as the reference's sort, softmax and race,
+    whether the nucleus is a few tokens (found among grown candidates) or most of the vocabulary (its
+    floor found by bisection), with top-k of any size, min-p, or nothing but a temperature."""
+    for seed in range(2):
+        inputs = _full_inputs(rows, vocab, seed, scale)
+        top_k, top_p, min_p = (inputs[name] if name else None for name in FULL_MIXES[mix])
+        args = (inputs["logits"], inputs["temperature"], top_k, top_p, min_p, inputs["seeds"], inputs["index"])
+        got, want = cpu_sample.sample_full(*args), sample_full_ref(*args)
+        assert torch.equal(got, want), (seed, (got != want).nonzero().flatten().tolist())
+
+
+def test_a_seeded_row_draws_the_same_with_either_draw():
+    """Which draw a batch takes depends on its other rows (candidates only when every row has a small
+    top_k): a seeded row's token must not."""
+    inputs = _inputs(32, 512, 40, 3)
+    inputs["seeds"] = torch.randint(0, 1 << 40, (32,))
+    mix = ("top_k", "top_p", "min_p", "seeds")
+    among = _call(cpu_sample.sample_top_k, inputs, mix)
+    full = cpu_sample.sample_full(inputs["logits"], inputs["temperature"], inputs["top_k"], inputs["top_p"],
+                                  inputs["min_p"], inputs["seeds"], inputs["index"])
+    assert torch.equal(among, full)
+
+
+# A (seed, output index, token) whose hash has all its top bits set: with 24 bits of it as the uniform,
+# (2^24 - 1) + 0.5 rounded to 2^24 in float32, u to 1 and the noise to 0 (found by search).
+ZERO_NOISE = (7, 6165, 389)
+
+
+def test_seeded_noise_is_never_zero():
+    seed, index, token = ZERO_NOISE
+    noise = seeded_noise(torch.tensor([seed]), torch.tensor([index]), 512)[0]
+    assert noise[token] > 0 and bool(torch.isfinite(noise).all())
+    sweep = seeded_noise(torch.full((2048,), seed), torch.arange(2048) + 5000, 4096)
+    assert sweep.min() > 0
+
+
+@pytest.mark.parametrize("draw", ["reference", "c++"])
+def test_a_token_outside_the_nucleus_never_wins_on_zero_noise(draw):
+    """The old hash's zero noise at ZERO_NOISE's token made p / q NaN for a masked token, and argmax takes
+    NaN for the largest: the request got a token top-p had dropped (one row in ~340 at 49,152 tokens)."""
+    seed, index, token = ZERO_NOISE
+    logits = torch.full((1, 512), -5.0)
+    logits[0, :3] = torch.tensor([4.0, 3.0, 2.0])  # the nucleus at top-p 0.9: tokens 0 and 1
+    args = (logits, torch.ones(1), None, torch.tensor([0.9]), None, torch.tensor([seed]), torch.tensor([index]))
+    fn = sample_full_ref if draw == "reference" else cpu_sample.sample_full
+    assert torch.isinf(top_k_top_p_mask(logits, None, torch.tensor([0.9]))[0, token])
+    assert fn(*args).item() in (0, 1)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_the_whole_vocabulary_draw_keeps_the_distribution(top_p):
+    """Unseeded rows through the sampler (a fresh seed a step hashed into their noise): the frequencies of
+    the softmax, renormalized over the nucleus with top-p 0.8 (0.5 + 0.3)."""
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = torch.log(probs).repeat(4000, 1)
+    batch = SamplingBatch(np.ones(4000, dtype=np.float32), top_p=np.full(4000, top_p, dtype=np.float32))
+    tokens, _ = Sampler(seed=2).sample_tensor(logits, batch)
+    assert not batch.plan.candidates
+    freq = torch.bincount(tokens, minlength=4).float() / 4000
+    want = probs if top_p == 1.0 else torch.tensor([0.625, 0.375, 0.0, 0.0])
+    assert torch.allclose(freq, want, atol=0.03), freq
+
+
+def test_the_sampler_draws_the_same_over_the_vocabulary_with_or_without_the_kernel(monkeypatch):
+    """No top_k (the whole-vocabulary draw): temperature-only and top-p rows, half seeded, one greedy."""
+    torch.manual_seed(6)
+    logits = torch.randn(16, 3000) * 2.0
+
+    def batch() -> SamplingBatch:
+        b = SamplingBatch(np.full(16, 0.9, dtype=np.float32),
+                          top_p=np.where(np.arange(16) % 3 == 0, 1.0, 0.9).astype(np.float32))
+        b.seeds = np.where(np.arange(16) % 2 == 0, np.arange(16) * 5, -1).astype(np.int64)
+        b.output_index = np.arange(16, dtype=np.int64)
+        b.temperature[7] = 0.0
+        return b
+
+    with_kernel, without = Sampler(seed=9), Sampler(seed=9)
+    got = [with_kernel.sample_tensor(logits, batch())[0] for _ in range(3)]
+    monkeypatch.setattr(cpu_sample, "available", lambda: False)
+    want = [without.sample_tensor(logits, batch())[0] for _ in range(3)]
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    assert not torch.equal(got[0][1::2], got[1][1::2])  # unseeded rows move with the generator
+    assert torch.equal(got[0][0::2][:3], got[1][0::2][:3])  # seeded ones do not (same output index)
+    assert got[0][7].item() == logits[7].argmax().item()
