@@ -23,13 +23,7 @@ def sample_top_k(logits: torch.Tensor, temperature: torch.Tensor, k: int, top_k:
                  seeds: torch.Tensor | None, index: torch.Tensor | None) -> torch.Tensor:
     """`reference.sample_top_k_ref` for CPU tensors and float32 logits (the other tensors are taken in
     the kernel's dtypes, converted where they are not)."""
-    mod = extension()
-    if mod is None:
-        raise RuntimeError("cpu kernels: not available on this machine (see the log)")
-    if logits.device.type != "cpu":
-        raise ValueError("sample_top_k (CPU): CPU tensors only")
-    if logits.dtype != torch.float32:
-        raise ValueError(f"sample_top_k (CPU): float32 logits, got {logits.dtype}")
+    mod = _module("sample_top_k", logits)
     return mod.sample_top_k(logits.contiguous(), _as(temperature, torch.float32), int(k), _as(top_k, torch.int64),
                             _as(top_p, torch.float32), _as(min_p, torch.float32), _as(noise, torch.float32),
                             _as(seeds, torch.int64), _as(index, torch.int64))
@@ -40,13 +34,7 @@ def sample_full(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Te
                 index: torch.Tensor) -> torch.Tensor:
     """`reference.sample_full_ref` for CPU tensors and float32 logits (the other tensors converted to the
     kernel's dtypes where they are not)."""
-    mod = extension()
-    if mod is None:
-        raise RuntimeError("cpu kernels: not available on this machine (see the log)")
-    if logits.device.type != "cpu":
-        raise ValueError("sample_full (CPU): CPU tensors only")
-    if logits.dtype != torch.float32:
-        raise ValueError(f"sample_full (CPU): float32 logits, got {logits.dtype}")
+    mod = _module("sample_full", logits)
     return mod.sample_full(logits.contiguous(), _as(temperature, torch.float32), _as(top_k, torch.int64),
                            _as(top_p, torch.float32), _as(min_p, torch.float32), _as(seeds, torch.int64),
                            _as(index, torch.int64))
@@ -58,3 +46,15 @@ def _as(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     if t is None or (t.dtype == dtype and t.is_contiguous()):
         return t
     return t.to(dtype).contiguous()
+
+
+def _module(op: str, logits: torch.Tensor):  # noqa: ANN202 - the extension module
+    """The extension, after the checks both draws share."""
+    mod = extension()
+    if mod is None:
+        raise RuntimeError("cpu kernels: not available on this machine (see the log)")
+    if logits.device.type != "cpu":
+        raise ValueError(f"{op} (CPU): CPU tensors only")
+    if logits.dtype != torch.float32:
+        raise ValueError(f"{op} (CPU): float32 logits, got {logits.dtype}")
+    return mod

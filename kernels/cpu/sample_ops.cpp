@@ -180,18 +180,48 @@ float scaled_mass(const float* x, int64_t n, float t, float best) {
   return sum;
 }
 
-const float* optional_floats(const std::optional<torch::Tensor>& t, int64_t rows, const char* name) {
+const float* optional_floats(const char* op, const std::optional<torch::Tensor>& t, int64_t rows, const char* name) {
   if (!t) return nullptr;
   TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->dim() == 1 && t->size(0) == rows && t->is_contiguous(),
-              "sample_top_k: ", name, " must be a contiguous float32 [rows] tensor");
+              op, ": ", name, " must be a contiguous float32 [rows] tensor");
   return t->data_ptr<float>();
 }
 
-const int64_t* optional_longs(const std::optional<torch::Tensor>& t, int64_t rows, const char* name) {
+const int64_t* optional_longs(const char* op, const std::optional<torch::Tensor>& t, int64_t rows, const char* name) {
   if (!t) return nullptr;
   TORCH_CHECK(t->scalar_type() == torch::kInt64 && t->dim() == 1 && t->size(0) == rows && t->is_contiguous(),
-              "sample_top_k: ", name, " must be a contiguous int64 [rows] tensor");
+              op, ": ", name, " must be a contiguous int64 [rows] tensor");
   return t->data_ptr<int64_t>();
+}
+
+// A draw's inputs, checked (logits float32 [rows, vocab]; one value a row of each parameter given),
+// as pointers: null for a parameter not given.
+struct DrawArgs {
+  int64_t rows, vocab;
+  const float* logits;
+  const float* temperature;
+  const int64_t* top_k;
+  const float* top_p;
+  const float* min_p;
+  const int64_t* seeds;
+  const int64_t* index;
+};
+
+DrawArgs draw_args(const char* op, const torch::Tensor& logits, const torch::Tensor& temperature,
+                   const std::optional<torch::Tensor>& top_k, const std::optional<torch::Tensor>& top_p,
+                   const std::optional<torch::Tensor>& min_p, const std::optional<torch::Tensor>& seeds,
+                   const std::optional<torch::Tensor>& index) {
+  TORCH_CHECK(logits.device().is_cpu() && logits.scalar_type() == torch::kFloat32 && logits.dim() == 2 &&
+                  logits.is_contiguous(),
+              op, ": logits must be a contiguous float32 [rows, vocab] CPU tensor");
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  TORCH_CHECK(vocab >= 1 && vocab < (int64_t{1} << 31), op, ": vocabularies of 1 to 2^31 tokens");
+  DrawArgs d{rows, vocab, logits.data_ptr<float>(), optional_floats(op, temperature, rows, "temperature"),
+             optional_longs(op, top_k, rows, "top_k"), optional_floats(op, top_p, rows, "top_p"),
+             optional_floats(op, min_p, rows, "min_p"), optional_longs(op, seeds, rows, "seeds"),
+             optional_longs(op, index, rows, "index")};
+  TORCH_CHECK((d.seeds == nullptr) == (d.index == nullptr), op, ": seeds and index come together");
+  return d;
 }
 
 }  // namespace
@@ -328,19 +358,12 @@ torch::Tensor sample_top_k_cpu(const torch::Tensor& logits, const torch::Tensor&
                                const std::optional<torch::Tensor>& min_p_t, const torch::Tensor& noise,
                                const std::optional<torch::Tensor>& seeds_t,
                                const std::optional<torch::Tensor>& index_t) {
-  TORCH_CHECK(logits.device().is_cpu() && logits.scalar_type() == torch::kFloat32 && logits.dim() == 2 &&
-                  logits.is_contiguous(),
-              "sample_top_k: logits must be a contiguous float32 [rows, vocab] CPU tensor");
-  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  const DrawArgs d = draw_args("sample_top_k", logits, temperature, top_k_t, top_p_t, min_p_t, seeds_t, index_t);
+  const int64_t rows = d.rows, vocab = d.vocab;
   TORCH_CHECK(k >= 1 && k <= vocab, "sample_top_k: k must be in [1, vocab], got ", k);
-  TORCH_CHECK(vocab < (int64_t{1} << 31), "sample_top_k: vocabularies up to 2^31 tokens");
-  const float* temp = optional_floats(temperature, rows, "temperature");
-  const int64_t* top_k = optional_longs(top_k_t, rows, "top_k");
-  const float* top_p = optional_floats(top_p_t, rows, "top_p");
-  const float* min_p = optional_floats(min_p_t, rows, "min_p");
-  const int64_t* seeds = optional_longs(seeds_t, rows, "seeds");
-  const int64_t* index = optional_longs(index_t, rows, "index");
-  TORCH_CHECK((seeds == nullptr) == (index == nullptr), "sample_top_k: seeds and index come together");
+  const float* temp = d.temperature;
+  const int64_t *top_k = d.top_k, *seeds = d.seeds, *index = d.index;
+  const float *top_p = d.top_p, *min_p = d.min_p;
   TORCH_CHECK(noise.scalar_type() == torch::kFloat32 && noise.dim() == 2 && noise.size(0) == rows &&
                   noise.size(1) == k && noise.is_contiguous(),
               "sample_top_k: noise must be a contiguous float32 [rows, k] tensor");
@@ -441,17 +464,11 @@ torch::Tensor sample_full_cpu(const torch::Tensor& logits, const torch::Tensor& 
                               const std::optional<torch::Tensor>& top_k_t, const std::optional<torch::Tensor>& top_p_t,
                               const std::optional<torch::Tensor>& min_p_t, const torch::Tensor& seeds_t,
                               const torch::Tensor& index_t) {
-  TORCH_CHECK(logits.device().is_cpu() && logits.scalar_type() == torch::kFloat32 && logits.dim() == 2 &&
-                  logits.is_contiguous(),
-              "sample_full: logits must be a contiguous float32 [rows, vocab] CPU tensor");
-  const int64_t rows = logits.size(0), vocab = logits.size(1);
-  TORCH_CHECK(vocab >= 1 && vocab < (int64_t{1} << 31), "sample_full: vocabularies of 1 to 2^31 tokens");
-  const float* temp = optional_floats(temperature, rows, "temperature");
-  const int64_t* top_k = optional_longs(top_k_t, rows, "top_k");
-  const float* top_p = optional_floats(top_p_t, rows, "top_p");
-  const float* min_p = optional_floats(min_p_t, rows, "min_p");
-  const int64_t* seeds = optional_longs(seeds_t, rows, "seeds");
-  const int64_t* index = optional_longs(index_t, rows, "index");
+  const DrawArgs d = draw_args("sample_full", logits, temperature, top_k_t, top_p_t, min_p_t, seeds_t, index_t);
+  const int64_t rows = d.rows, vocab = d.vocab;
+  const float* temp = d.temperature;
+  const int64_t *top_k = d.top_k, *seeds = d.seeds, *index = d.index;
+  const float *top_p = d.top_p, *min_p = d.min_p;
   auto out = torch::empty({rows}, torch::kInt64);
   const float* x0 = logits.data_ptr<float>();
   int64_t* ids = out.data_ptr<int64_t>();

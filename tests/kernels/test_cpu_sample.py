@@ -138,6 +138,19 @@ def test_bad_inputs_are_refused_with_a_message():
                                 None)
 
 
+def _with_and_without_the_kernel(monkeypatch, logits: torch.Tensor, batch) -> list[torch.Tensor]:  # noqa: ANN001
+    """Three steps' tokens from a sampler on the C++ draws; asserts a sampler on the torch twins (seeded
+    alike) draws the same ones."""
+    with_kernel, without = Sampler(seed=9), Sampler(seed=9)
+    got = [with_kernel.sample_tensor(logits, batch())[0] for _ in range(3)]
+    with monkeypatch.context() as m:
+        m.setattr(cpu_sample, "available", lambda: False)
+        want = [without.sample_tensor(logits, batch())[0] for _ in range(3)]
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    return got
+
+
 @pytest.mark.parametrize("every", [True, False])
 def test_the_sampler_draws_the_same_with_or_without_the_kernel(monkeypatch, every):
     """A step's SamplingBatch (top-k 40 with top-p, half seeded, one greedy row when not `every`) through
@@ -155,12 +168,7 @@ def test_the_sampler_draws_the_same_with_or_without_the_kernel(monkeypatch, ever
             b.temperature[3] = 0.0
         return b
 
-    with_kernel, without = Sampler(seed=9), Sampler(seed=9)
-    got = [with_kernel.sample_tensor(logits, batch())[0] for _ in range(3)]
-    monkeypatch.setattr(cpu_sample, "available", lambda: False)
-    want = [without.sample_tensor(logits, batch())[0] for _ in range(3)]
-    for g, w in zip(got, want, strict=True):
-        assert torch.equal(g, w)
+    got = _with_and_without_the_kernel(monkeypatch, logits, batch)
     assert not torch.equal(got[0], got[1])  # unseeded rows move with the generator
     if not every:
         assert got[0][3].item() == logits[3].argmax().item()
@@ -269,12 +277,7 @@ def test_the_sampler_draws_the_same_over_the_vocabulary_with_or_without_the_kern
         b.temperature[7] = 0.0
         return b
 
-    with_kernel, without = Sampler(seed=9), Sampler(seed=9)
-    got = [with_kernel.sample_tensor(logits, batch())[0] for _ in range(3)]
-    monkeypatch.setattr(cpu_sample, "available", lambda: False)
-    want = [without.sample_tensor(logits, batch())[0] for _ in range(3)]
-    for g, w in zip(got, want, strict=True):
-        assert torch.equal(g, w)
+    got = _with_and_without_the_kernel(monkeypatch, logits, batch)
     assert not torch.equal(got[0][1::2], got[1][1::2])  # unseeded rows move with the generator
     assert torch.equal(got[0][0::2][:3], got[1][0::2][:3])  # seeded ones do not (same output index)
     assert got[0][7].item() == logits[7].argmax().item()
