@@ -1,6 +1,8 @@
 """Launchers of the C++ draws (kernels/cpu/sample_ops.cpp) on the CPU: among top-k candidates, and over
 the whole vocabulary. Twins: `reference.sample_top_k_ref` and `reference.sample_full_ref`, the paths on
 other devices and where the extension cannot be built (kernels/cpu_ext.py; `TESSERA_CPU_KERNELS=0`).
+The whole-vocabulary draw hashes every row's noise (an unseeded row's from a seed the sampler draws):
+one number a row instead of an Exp(1) a token, which on the CPU was most of the draw's cost.
 
 Same tokens as the twin for the same inputs, except where two candidates' weight / noise ratios
 agree to float rounding (the exponentials are computed in a different order and library) or logits
@@ -32,8 +34,10 @@ def sample_top_k(logits: torch.Tensor, temperature: torch.Tensor, k: int, top_k:
 def sample_full(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
                 top_p: torch.Tensor | None, min_p: torch.Tensor | None, seeds: torch.Tensor,
                 index: torch.Tensor) -> torch.Tensor:
-    """`reference.sample_full_ref` for CPU tensors and float32 logits (the other tensors converted to the
-    kernel's dtypes where they are not)."""
+    """`reference.sample_full_ref` for CPU tensors and float32 logits, with every row's noise the hash of
+    (seeds [R] >= 0, index [R], token id), computed here at the tokens that need it: the twin's tokens
+    for noise = seeded_noise(seeds, index, V). The other tensors are converted to the kernel's dtypes
+    where they are not."""
     mod = _module("sample_full", logits)
     return mod.sample_full(logits.contiguous(), _as(temperature, torch.float32), _as(top_k, torch.int64),
                            _as(top_p, torch.float32), _as(min_p, torch.float32), _as(seeds, torch.int64),

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from kernels.awq_layout import awq_dequantize
 from kernels.gguf_layout import q4_1_fields, q8_0_fields
 from kernels.kv_fp8 import readable
-from kernels.seeded_noise import seeded_noise, seeded_noise_at
+from kernels.seeded_noise import seeded_noise_at
 
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
 
@@ -213,18 +213,18 @@ def sample_full_ref(
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
     min_p: torch.Tensor | None,
-    seeds: torch.Tensor,
-    index: torch.Tensor,
+    noise: torch.Tensor,
 ) -> torch.Tensor:
     """One token per row of float32 logits [R, V], drawn over the whole vocabulary: for rows whose top_k
     (0: off) is not small enough for sample_top_k_ref, or that have none.
 
     temperature [R] > 0; top_k [R] (0: off), top_p [R] (1: off) and min_p [R] (0: off) as in
-    sample_top_k_ref, each None where no row uses it. The exponential race's noise is the hash of
-    (seeds [R] >= 0, index [R], token id) for every row (kernels/seeded_noise.py): a seeded request's
-    seed and output index, a fresh random seed for the others (the caller draws it), so no Exp(1) is
-    drawn for each of the vocabulary's tokens. A seeded row draws what sample_top_k_ref draws for it
-    where both apply. Returns int64 ids [R].
+    sample_top_k_ref, each None where no row uses it. The exponential race over Exp(1) noise [R, V], the
+    caller's: drawn, or for a seeded row the hash of its (seed, output index, token id)
+    (kernels/seeded_noise.py), with which a seeded row draws what sample_top_k_ref draws for it where
+    both apply. The C++ twin (kernels/cpu_sample.sample_full) takes seeds and indices instead and hashes
+    every row's noise itself: its tokens are this function's for noise = seeded_noise(seeds, index, V).
+    Returns int64 ids [R].
     """
     scaled = logits / temperature[:, None]
     if top_k is not None or top_p is not None:
@@ -233,7 +233,7 @@ def sample_full_ref(
     if min_p is not None:
         floor = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
         probs = torch.where(probs < floor, torch.zeros_like(probs), probs)
-    return (probs / seeded_noise(seeds, index, logits.shape[1])).argmax(dim=-1)
+    return (probs / noise).argmax(dim=-1)
 
 
 # --- LoRA ------------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ vocabulary. The tokens come back to the host in one copy.
 Sampling uses the exponential race (argmax of p / q with q ~ Exp(1)), which equals drawing from p.
 A seeded request's noise is a hash of (seed, output index, token id) (kernels/seeded_noise.py), so its
 tokens depend neither on its batch mates nor on whether it was preempted and recomputed, nor on which
-of the two draws its batch took. Over the whole vocabulary every row's noise is hashed (unseeded rows
-from a seed drawn per step), so no Exp(1) is drawn for each token.
+of the two draws its batch took, nor on the device. On the CPU the whole-vocabulary draw hashes every
+row's noise (unseeded rows from a seed drawn per step), so no Exp(1) is drawn for each token.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from dataplane.sampling.rows import SamplingRow
 from dataplane.scheduler.output import TokenLogprobs
 from kernels import cpu_sample
 from kernels.reference import sample_full_ref, sample_top_k_ref
+from kernels.seeded_noise import seeded_noise
 
 
 @dataclass(slots=True)
@@ -145,22 +146,28 @@ class Sampler:
 
     def _draw(self, logits: torch.Tensor, temperature: torch.Tensor, plan: DrawPlan,
               index: np.ndarray | None) -> torch.Tensor:
-        """One draw per row over the whole vocabulary, under top-k / top-p / min-p (reference.sample_full_ref;
-        on the CPU its C++ twin, one call). Every row's noise is hashed: a seeded row's from its seed and
-        output index, the others' from a seed drawn here, one number a row instead of an Exp(1) for each
-        of the vocabulary's tokens."""
-        device, rows = logits.device, logits.shape[0]
-        seeds = torch.randint(0, 1 << 62, (rows,), device=device, generator=self.generator)
-        at = torch.zeros(rows, dtype=torch.long, device=device)
-        if len(plan.seeded):
-            seeded = plan.on("seeded", device, plan.seeded)
-            seeds[seeded] = plan.on("seeds", device, plan.seeds[plan.seeded])
-            at[seeded] = up((index if plan.every else index[plan.random])[plan.seeded], device)
+        """One draw per row over the whole vocabulary, under top-k / top-p / min-p. On the CPU one C++ call
+        that hashes every row's noise (a seeded row's from its seed and output index, the others' from a
+        seed drawn here): one number a row instead of an Exp(1) for each of the vocabulary's tokens.
+        Elsewhere reference.sample_full_ref over Exp(1) noise, the seeded rows' hashed: one op for the
+        unseeded rows where hashing them would be ~15 (on a GPU a launch each)."""
+        device, rows, vocab = logits.device, logits.shape[0], logits.shape[1]
         top_k = None if plan.top_k is None else plan.on("top_k", device, plan.top_k)
         top_p = None if plan.top_p is None else plan.on("top_p", device, plan.top_p)
         min_p = None if plan.min_p is None else plan.on("min_p", device, plan.min_p)
-        draw = cpu_sample.sample_full if device.type == "cpu" and cpu_sample.available() else sample_full_ref
-        return draw(logits, temperature, top_k, top_p, min_p, seeds, at)
+        seeded = plan.on("seeded", device, plan.seeded) if len(plan.seeded) else None
+        at = None if seeded is None else up((index if plan.every else index[plan.random])[plan.seeded], device)
+        if device.type == "cpu" and cpu_sample.available():
+            seeds = torch.randint(0, 1 << 62, (rows,), device=device, generator=self.generator)
+            row_index = torch.zeros(rows, dtype=torch.long, device=device)
+            if seeded is not None:
+                seeds[seeded] = plan.on("seeds", device, plan.seeds[plan.seeded])
+                row_index[seeded] = at
+            return cpu_sample.sample_full(logits, temperature, top_k, top_p, min_p, seeds, row_index)
+        noise = torch.empty_like(logits).exponential_(generator=self.generator)
+        if seeded is not None:
+            noise[seeded] = seeded_noise(plan.on("seeds", device, plan.seeds[plan.seeded]), at, vocab)
+        return sample_full_ref(logits, temperature, top_k, top_p, min_p, noise)
 
     def _draw_candidates(self, logits: torch.Tensor, temperature: torch.Tensor, plan: DrawPlan,
                          index: np.ndarray | None) -> torch.Tensor:

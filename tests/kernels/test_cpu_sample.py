@@ -208,7 +208,8 @@ def test_the_whole_vocabulary_draw_matches_its_reference(rows, vocab, scale, mix
         inputs = _full_inputs(rows, vocab, seed, scale)
         top_k, top_p, min_p = (inputs[name] if name else None for name in FULL_MIXES[mix])
         args = (inputs["logits"], inputs["temperature"], top_k, top_p, min_p, inputs["seeds"], inputs["index"])
-        got, want = cpu_sample.sample_full(*args), sample_full_ref(*args)
+        noise = seeded_noise(inputs["seeds"], inputs["index"], vocab)
+        got, want = cpu_sample.sample_full(*args), sample_full_ref(*args[:5], noise)
         assert torch.equal(got, want), (seed, (got != want).nonzero().flatten().tolist())
 
 
@@ -245,15 +246,22 @@ def test_a_token_outside_the_nucleus_never_wins_on_zero_noise(draw):
     logits = torch.full((1, 512), -5.0)
     logits[0, :3] = torch.tensor([4.0, 3.0, 2.0])  # the nucleus at top-p 0.9: tokens 0 and 1
     args = (logits, torch.ones(1), None, torch.tensor([0.9]), None, torch.tensor([seed]), torch.tensor([index]))
-    fn = sample_full_ref if draw == "reference" else cpu_sample.sample_full
     assert torch.isinf(top_k_top_p_mask(logits, None, torch.tensor([0.9]))[0, token])
-    assert fn(*args).item() in (0, 1)
+    if draw == "reference":
+        drawn = sample_full_ref(*args[:5], seeded_noise(args[5], args[6], 512))
+    else:
+        drawn = cpu_sample.sample_full(*args)
+    assert drawn.item() in (0, 1)
 
 
+@pytest.mark.parametrize("kernel", [True, False])
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
-def test_the_whole_vocabulary_draw_keeps_the_distribution(top_p):
-    """Unseeded rows through the sampler (a fresh seed a step hashed into their noise): the frequencies of
-    the softmax, renormalized over the nucleus with top-p 0.8 (0.5 + 0.3)."""
+def test_the_whole_vocabulary_draw_keeps_the_distribution(monkeypatch, top_p, kernel):
+    """Unseeded rows through the sampler (on the C++ draw a fresh seed a step hashed into their noise; on
+    the torch one Exp(1) drawn): the frequencies of the softmax, renormalized over the nucleus with top-p
+    0.8 (0.5 + 0.3)."""
+    if not kernel:
+        monkeypatch.setattr(cpu_sample, "available", lambda: False)
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     logits = torch.log(probs).repeat(4000, 1)
     batch = SamplingBatch(np.ones(4000, dtype=np.float32), top_p=np.full(4000, top_p, dtype=np.float32))
@@ -265,7 +273,9 @@ def test_the_whole_vocabulary_draw_keeps_the_distribution(top_p):
 
 
 def test_the_sampler_draws_the_same_over_the_vocabulary_with_or_without_the_kernel(monkeypatch):
-    """No top_k (the whole-vocabulary draw): temperature-only and top-p rows, half seeded, one greedy."""
+    """No top_k (the whole-vocabulary draw): temperature-only and top-p rows, half seeded, one greedy. The
+    C++ draw hashes an unseeded row's noise from a seed drawn each step, the torch one draws Exp(1) a
+    token: seeded rows (and the greedy one) are the same either way."""
     torch.manual_seed(6)
     logits = torch.randn(16, 3000) * 2.0
 
@@ -277,7 +287,13 @@ def test_the_sampler_draws_the_same_over_the_vocabulary_with_or_without_the_kern
         b.temperature[7] = 0.0
         return b
 
-    got = _with_and_without_the_kernel(monkeypatch, logits, batch)
+    with_kernel, without = Sampler(seed=9), Sampler(seed=9)
+    got = [with_kernel.sample_tensor(logits, batch())[0] for _ in range(3)]
+    with monkeypatch.context() as m:
+        m.setattr(cpu_sample, "available", lambda: False)
+        want = [without.sample_tensor(logits, batch())[0] for _ in range(3)]
+    for g, w in zip(got, want, strict=True):  # seeded rows and the greedy one; the others' noise differs
+        assert torch.equal(g[0::2], w[0::2]) and g[7] == w[7]
     assert not torch.equal(got[0][1::2], got[1][1::2])  # unseeded rows move with the generator
-    assert torch.equal(got[0][0::2][:3], got[1][0::2][:3])  # seeded ones do not (same output index)
+    assert torch.equal(got[0][0::2], got[1][0::2])  # seeded ones do not (same output index)
     assert got[0][7].item() == logits[7].argmax().item()
