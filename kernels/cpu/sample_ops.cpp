@@ -1,12 +1,15 @@
-// A step's draw among each row's top-k candidates in one call: top-k, temperature, top-p, min-p,
-// seeded noise and the exponential race. Twin: kernels/reference.py's sample_top_k_ref.
+// A step's draw in one call: among each row's top-k candidates (twin: kernels/reference.py's
+// sample_top_k_ref), or over the whole vocabulary (sample_full_ref, its noise hashed here): temperature,
+// top-k, top-p, min-p, the noise and the exponential race.
 //
-// Why: in torch the draw is ~30 ops (topk, exp, cumsum, masks, the seeded hash's integer ops, the
-// race), a few microseconds each at batch 1; at batch 256 over a 512-token vocabulary CPU `topk`
-// alone took 1.2 ms of a 3.4 ms step (benchmarks.step_overhead, sampled). Here a row is two passes
-// over its logits (a threshold, then the few values that reach it: select_top_k), the candidates
-// sorted, and the rest on k values. With top-p, one more pass sums
-// the row's exponentials for its whole-vocabulary mass.
+// Why: in torch the candidates' draw is ~30 ops (topk, exp, cumsum, masks, the seeded hash's integer
+// ops, the race), a few microseconds each at batch 1; at batch 256 over a 512-token vocabulary CPU
+// `topk` alone took 1.2 ms of a 3.4 ms step (benchmarks.step_overhead, sampled). Here a row is two
+// passes over its logits (a threshold, then the few values that reach it: select_top_k), the
+// candidates ordered, and the rest on k values; with top-p, one more pass sums the row's exponentials
+// for its whole-vocabulary mass. Over the whole vocabulary torch drew an Exp(1) for every token and
+// sorted the vocabulary for top-p (4 ms a row of 49,152); here the noise is hashed where it is needed
+// and a nucleus is found among grown candidates, or by bisection when it is large.
 
 #include "ops.h"
 
@@ -28,8 +31,7 @@ struct Cand {
   int32_t i;
 };
 
-// Best first: the larger logit, and the lower token id on a tie. As a heap's comparator the front is
-// the worst kept candidate.
+// Best first: the larger logit, and the lower token id on a tie.
 inline bool better(const Cand& a, const Cand& b) { return a.v > b.v || (a.v == b.v && a.i < b.i); }
 
 // kernels/seeded_noise.py's hash, the same integer arithmetic (torch's signed ops wrap as these do).
