@@ -9,8 +9,13 @@ import numpy as np
 import pytest
 
 from dataplane import LLM, SamplingParams
+from kernels import cpu_decode
 from tests.dataplane.quant.tiny import loaded, tiny_args, tiny_tensors
 from tests.dataplane.same_outputs import assert_same_outputs, mixed_params
+
+# The CPU keeps a step only where its decodes run as one group: with the C++ decode ops (a host where
+# the extension cannot be built, or TESSERA_CPU_KERNELS=0, rebuilds every step, as these tests' `kept=False`)
+needs_kept = pytest.mark.skipif(not cpu_decode.available(), reason="the kept step needs the C++ decode ops on the CPU")
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +43,7 @@ def _workload():
     return prompts, params
 
 
+@needs_kept
 @pytest.mark.parametrize("overlap", [False, True])
 def test_the_kept_step_gives_the_rebuilt_outputs(tiny, overlap):
     """Synchronous steps, and overlapped ones (every decode's input is a token of the step in flight)."""
@@ -53,6 +59,7 @@ def test_the_kept_step_gives_the_rebuilt_outputs(tiny, overlap):
     assert llm.core.scheduler.kv.pool.num_free == llm.core.scheduler.kv.num_blocks
 
 
+@needs_kept
 def test_requests_joining_and_leaving_one_by_one(tiny):
     """Each request arrives while the others decode, and each leaves at its own length: the kept step is
     dropped at every change of the batch and kept again after."""
@@ -78,6 +85,7 @@ def test_requests_joining_and_leaving_one_by_one(tiny):
     assert [len(outs[True][f"r{i}"]) for i in range(6)] == [9 + 5 * i for i in range(6)]
 
 
+@needs_kept
 @pytest.mark.parametrize("overlap", [False, True])
 def test_under_preemption(tiny, overlap):
     """A cache too small for the batch: requests are preempted and resumed, rows reassigned."""
@@ -92,6 +100,7 @@ def test_under_preemption(tiny, overlap):
     assert llm.core.scheduler.kv.pool.num_free == llm.core.scheduler.kv.num_blocks
 
 
+@needs_kept
 def test_slots_are_exact_at_every_kept_step(tiny):
     """The kept slots move by one a step and are recomputed when a row reaches a new block: at every kept
     step they are what the block table says, for rows whose block boundaries fall at different steps."""
@@ -151,6 +160,7 @@ def test_an_id_reused_at_once_is_a_new_request(tiny):
     assert outs[True] == outs[False] and len(outs[True]) == 6
 
 
+@needs_kept
 def test_steps_with_drafts_between_kept_ones(tiny):
     """Speculative steps (drafts verified, positions moved by the accepted tokens) between plain decode
     steps of the same requests: the kept step must not follow across them."""
@@ -166,6 +176,7 @@ def test_steps_with_drafts_between_kept_ones(tiny):
     assert llm.core.stats().spec_num_drafts > 0 and llm.core.runner.steady.reused > 0
 
 
+@needs_kept
 def test_the_gpu_default_path_padded_graph_steps_overlapped(tiny):
     """A GPU worker's default: decode steps from the graph buffers (here `padded`: the same padded step,
     eagerly) with overlapped scheduling. Kept steps there give the rebuilt outputs too."""
