@@ -104,7 +104,7 @@ def kernel_table(s: Shapes, device: str, dtypes: tuple[torch.dtype, ...] = (torc
                  seed: int = 0) -> list[Row]:
     """Run every kernel and its reference on the same random inputs on `device`; one Row each."""
     k = {m: importlib.import_module(f"kernels.{m}") for m in (
-        "rms_norm", "rotary", "silu_and_mul", "paged_attention", "prefill_attention", "lora_shrink",
+        "rms_norm", "rotary", "rotary_kv", "silu_and_mul", "paged_attention", "prefill_attention", "lora_shrink",
         "lora_expand", "fp8_gemm", "awq_gemm", "awq_layout")}
     gen = torch.Generator().manual_seed(seed)
     return [row for dt in dtypes for row in _dtype_rows(s, device, dt, k, gen)]
@@ -131,6 +131,27 @@ def _dtype_rows(s: Shapes, device: str, dt: torch.dtype, k: dict, gen: torch.Gen
     cos, sin = freqs.cos().to(device), freqs.sin().to(device)
     case("rotary (q)", f"{t}x{s.heads}x{d}", lambda: k["rotary"].rotary_embedding(q, kk, pos, cos, sin)[0],
          lambda: R.rotary_embedding_ref(q, kk, pos, cos, sin)[0])
+
+    # rotary + the KV-cache write in one launch (kernels/rotary_kv.py): q, and the caches it wrote, in the
+    # model's dtype and in the FP8 layout (dequantized; judged against the scale as the attention rows are)
+    qkv = rnd(t, (s.heads + 2 * s.kv_heads) * d, dtype=dt)
+    slots = torch.randperm(2 * t, generator=gen)[:t].to(device)
+    for fp8 in (False, True):
+        blocks = -(-2 * t // s.block_size)
+        caches = {}
+        for impl in ("kernel", "reference"):
+            shape = (blocks, s.block_size, s.kv_heads, d)
+            kc = kv_fp8.allocate(*shape, device=device) if fp8 else torch.zeros(shape, dtype=dt, device=device)
+            vc = kc.clone()
+            fn = k["rotary_kv"].rotary_write_kv if impl == "kernel" else R.rotary_write_kv_ref
+            caches[impl] = (fn(qkv, pos, cos, sin, kc, vc, slots, s.heads, s.kv_heads), kc, vc)
+        got, want = caches["kernel"], caches["reference"]
+        if not fp8:
+            case("rotary_write_kv (q)", f"{t}x{s.heads}x{d}", lambda g=got: g[0], lambda w=want: w[0])
+        for i, part in ((1, "k"), (2, "v")):
+            case(f"rotary_write_kv ({part} cache{', fp8' if fp8 else ''})",
+                 f"{t} slots x{s.kv_heads}x{d}", lambda g=got[i]: kv_fp8.readable(g, dt),
+                 lambda w=want[i]: kv_fp8.readable(w, dt), gemm=fp8)
 
     gu = rnd(t, 2 * s.intermediate, dtype=dt)
     case("silu_and_mul", f"{t}x{2 * s.intermediate}", lambda: k["silu_and_mul"].silu_and_mul(gu),

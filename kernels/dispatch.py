@@ -75,6 +75,13 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, 
     return _pick("rotary", "rotary_embedding", q.device)(q, k, positions, cos_cache, sin_cache)
 
 
+def rotary_write_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
+                    key_cache: torch.Tensor, value_cache: torch.Tensor, slots: torch.Tensor, heads: int,
+                    kv_heads: int) -> torch.Tensor:
+    fn = _pick("rotary_kv", "rotary_write_kv", qkv.device)
+    return fn(qkv, positions, cos_cache, sin_cache, key_cache, value_cache, slots, heads, kv_heads)
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _pick("silu_and_mul", "silu_and_mul", x.device)(x)
 

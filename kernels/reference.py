@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from kernels.awq_layout import awq_dequantize
 from kernels.gguf_layout import q4_1_fields, q8_0_fields
-from kernels.kv_fp8 import readable
+from kernels.kv_fp8 import is_fp8, quantize, readable, row_bytes
 from kernels.seeded_noise import seeded_noise_at
 
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
@@ -132,6 +132,42 @@ def rotary_embedding_ref(
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
     return rotate(q), rotate(k)
+
+
+def write_kv_ref(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """Store K/V rows [T, kv_heads, head_dim] at their cache slots (block * block_size + offset), quantized
+    for an FP8 cache (kernels/kv_fp8.py)."""
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    if is_fp8(key_cache):
+        row = row_bytes(head_dim)
+        key_cache.view(-1, num_kv_heads, row).index_copy_(0, slots, quantize(k))
+        value_cache.view(-1, num_kv_heads, row).index_copy_(0, slots, quantize(v))
+        return
+    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k)
+    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v)
+
+
+def rotary_write_kv_ref(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_cache: torch.Tensor,
+    sin_cache: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slots: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+) -> torch.Tensor:
+    """q [T, H, D] rotated from a fused qkv output [T, (H + 2 Hkv) D]; k rotated and v stored at `slots`
+    of the caches (write_kv_ref). The rotated k is not returned: the kernel path reads it from the cache."""
+    n, d = qkv.shape[0], qkv.shape[1] // (heads + 2 * kv_heads)
+    q = qkv[:, : heads * d].view(n, heads, d)
+    k = qkv[:, heads * d : (heads + kv_heads) * d].view(n, kv_heads, d)
+    q, k = rotary_embedding_ref(q, k, positions, cos_cache, sin_cache)
+    write_kv_ref(key_cache, value_cache, k, qkv[:, (heads + kv_heads) * d :].view(n, kv_heads, d), slots.long())
+    return q
 
 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:

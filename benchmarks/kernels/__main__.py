@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ["rms_norm", "rotary", "silu_and_mul", "paged_attention", "prefill_attention", "lora",
+BENCHMARKS = ["rms_norm", "rotary", "rotary_kv", "silu_and_mul", "paged_attention", "prefill_attention", "lora",
               "fp8_gemm", "awq_gemm", "cpu_decode", "cpu_sample"]
 
 

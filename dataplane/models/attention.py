@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import cpu_decode, dispatch, kv_fp8
+from kernels.reference import write_kv_ref as write_kv  # noqa: F401  (the models' name for it)
 
 # A decode group is cut when the next context is this much longer than the group's shortest:
 # gathered K/V rows are padded to the group's longest, so this bounds the wasted gather traffic.
@@ -147,20 +148,6 @@ def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_
     if kv_cache_dtype != "auto":
         raise ValueError(f"kv_cache_dtype: must be 'auto' or 'fp8', got {kv_cache_dtype!r}")
     return torch.zeros((num_blocks, block_size, num_kv_heads, head_dim), dtype=dtype, device=device)
-
-
-def write_kv(
-    key_cache: torch.Tensor, value_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
-) -> None:
-    """Store this step's K/V rows ([T, kv_heads, head_dim]) at their cache slots (quantized for FP8)."""
-    num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    if kv_fp8.is_fp8(key_cache):
-        row = kv_fp8.row_bytes(head_dim)
-        key_cache.view(-1, num_kv_heads, row).index_copy_(0, slots, kv_fp8.quantize(k))
-        value_cache.view(-1, num_kv_heads, row).index_copy_(0, slots, kv_fp8.quantize(v))
-        return
-    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k)
-    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v)
 
 
 def _gather(cache: torch.Tensor, table: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -313,15 +300,16 @@ def _prefill_batch(prefills: list[PrefillChunk], device: torch.device) -> Prefil
 
 def paged_attention_kernels(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
     """paged_attention through kernels.dispatch: one decode launch per group (one group when built for
-    the kernels) and one prefill launch for all chunks. k and v are read back from the cache."""
+    the kernels) and one prefill launch for all chunks. k and v are read back from the cache (the
+    arguments are unused: None where models.layers.NeoxRotary.rotate_write_kv wrote them)."""
     num_tokens, num_heads, head_dim = q.shape
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     for g in meta.decode_groups:

@@ -164,7 +164,7 @@ class Rotary:
         xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
         return torch.view_as_real(xc * cis).flatten(-2).to(x.dtype)
 
-    # The decoder's interface, shared with NeoxRotary: prepare once per step, rotate once per layer.
+    # The decoder's interface: prepare once per step (as NeoxRotary), rotate once per layer.
     prepare = tables
 
     @staticmethod
@@ -179,8 +179,9 @@ class Rotary:
 class NeoxRotary:
     """Hugging Face's rotate_half rotary over q/k rows in the checkpoint's order, via kernels.dispatch.
 
-    The layout where the Triton kernels run (CUDA): the rotary kernel reads q and k as strided
-    views of the fused qkv output, so nothing is permuted at load.
+    The layout where the Triton kernels run (CUDA): the kernels read q and k as strided views of the
+    fused qkv output, so nothing is permuted at load. Its decoder rotates and writes the KV cache in one
+    launch a layer (`rotate_write_kv`: kernels/rotary_kv.py).
     """
 
     def __init__(self, head_dim: int, max_position: int, theta: float, scaling: float,
@@ -194,12 +195,11 @@ class NeoxRotary:
     def prepare(positions: torch.Tensor) -> torch.Tensor:
         return positions
 
-    def rotate(self, qkv: torch.Tensor, positions: torch.Tensor, heads: int,
-               kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-        n, d = qkv.shape[0], qkv.shape[1] // (heads + 2 * kv_heads)
-        q = qkv[:, : heads * d].view(n, heads, d)
-        k = qkv[:, heads * d : (heads + kv_heads) * d].view(n, kv_heads, d)
-        return dispatch.rotary_embedding(q, k, positions, self.cos, self.sin)
+    def rotate_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, key_cache: torch.Tensor,
+                        value_cache: torch.Tensor, slots: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+        """q [T, H, D] rotated, with k rotated and v stored at `slots` of the caches (not returned)."""
+        return dispatch.rotary_write_kv(qkv, positions, self.cos, self.sin, key_cache, value_cache, slots,
+                                        heads, kv_heads)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

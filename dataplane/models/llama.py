@@ -171,6 +171,9 @@ class LlamaModel:
             if fused:
                 q, k = cpu_decode.rope_write_kv(qkv.contiguous(), self.rotary.cos_sin, positions, key_cache,
                                                 value_cache, meta.slot_mapping, heads, kv_heads)
+            elif self.use_kernels:  # one launch; the attention kernels read k and v back from the cache
+                q, k = self.rotary.rotate_write_kv(qkv, rope, key_cache, value_cache, meta.slot_mapping, heads,
+                                                   kv_heads), None
             else:
                 q, k = self.rotary.rotate(qkv, rope, heads, kv_heads)
                 write_kv(key_cache, value_cache, k, v, meta.slot_mapping)

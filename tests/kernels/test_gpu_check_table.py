@@ -16,7 +16,9 @@ def test_every_kernel_matches_its_reference_on_tiny_shapes() -> None:
     names = {r.kernel for r in rows}
     assert {"rms_norm+residual", "rotary (q)", "silu_and_mul", "paged_decode_attention", "prefill_attention",
             "bgmv_shrink", "sgmv_shrink", "bgmv_expand", "sgmv_expand", "fp8_linear", "awq_gemm",
-            "paged_decode_attention (fp8 cache)", "prefill_attention (fp8 cache)"} <= names
+            "paged_decode_attention (fp8 cache)", "prefill_attention (fp8 cache)", "rotary_write_kv (q)",
+            "rotary_write_kv (k cache)", "rotary_write_kv (v cache)", "rotary_write_kv (k cache, fp8)",
+            "rotary_write_kv (v cache, fp8)"} <= names
     bad = [r for r in rows if not r.ok]
     assert not bad, table_markdown(bad)
     assert all(r.max_abs_err <= r.allowed for r in rows)

@@ -29,10 +29,11 @@ def _both(monkeypatch, build):
     return torch_path, kernel_path
 
 
-def _generate(monkeypatch, mode, lm):
+def _generate(monkeypatch, mode, lm, **engine):
     monkeypatch.setenv("TESSERA_KERNELS", mode)
     # Block size 4 and a 6-token budget: chunked prefills after cached prefixes, mixed with decodes.
-    llm = LLM("tiny", dtype="float32", preloaded=lm, block_size=4, max_num_batched_tokens=6, kv_cache_memory="1MiB")
+    llm = LLM("tiny", dtype="float32", preloaded=lm, block_size=4, max_num_batched_tokens=6, kv_cache_memory="1MiB",
+              **engine)
     first = llm.generate(PROMPTS[:1], PARAMS)  # fills the prefix cache for the second prompt
     rest = llm.generate(PROMPTS, PARAMS)
     assert llm.core.stats().prefix_cache_hits > 0
@@ -79,7 +80,7 @@ def _count_kernel_launches(monkeypatch) -> dict[str, int]:
     return counts
 
 
-KERNELS = [("rms_norm", "rms_norm"), ("rotary", "rotary_embedding"), ("silu_and_mul", "silu_and_mul"),
+KERNELS = [("rms_norm", "rms_norm"), ("rotary_kv", "rotary_write_kv"), ("silu_and_mul", "silu_and_mul"),
            ("paged_attention", "paged_decode_attention"), ("prefill_attention", "prefill_attention")]
 
 
@@ -98,6 +99,18 @@ def test_dense_logits_and_generations_match(monkeypatch):
     assert not counts
     _assert_same_generations(torch_runs, _generate(monkeypatch, "triton", kern))
     assert set(counts) == {name for _, name in KERNELS}, counts
+
+
+def test_fp8_kv_cache_on_both_paths(monkeypatch):
+    """The kernel path quantizes K/V as it writes them (kernels/rotary_kv.py), the torch path with
+    kv_fp8.quantize before its copy: the same bytes, so the same generations."""
+    args = tiny_args()
+    cpu, kern = _both(monkeypatch, lambda: loaded(args, tiny_tensors(args, seed=3)))
+    counts = _count_kernel_launches(monkeypatch)
+    torch_runs = _generate(monkeypatch, "torch", cpu, kv_cache_dtype="fp8")
+    kernel_runs = _generate(monkeypatch, "triton", kern, kv_cache_dtype="fp8")
+    assert counts.get("rotary_write_kv")
+    _assert_same_generations(torch_runs, kernel_runs)
 
 
 def test_awq_checkpoint_on_both_paths(monkeypatch, tmp_path):
