@@ -162,8 +162,13 @@ class LlamaModel:
         fused = self._rope_kv and bool(kv_caches) and (kv_caches[0][0].dtype == h.dtype
                                                        or kv_fp8.is_fp8(kv_caches[0][0]))
         rope = None if fused else self.rotary.prepare(positions)
+        add_norm = self._add_norm
+        pending = None  # the last layer's MLP output: added to h by the next layer's input norm
         for i, (layer, (key_cache, value_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            x = norm(h, layer.input_norm, eps)
+            if pending is None:
+                x = norm(h, layer.input_norm, eps)
+            else:
+                h, x = add_norm(h, pending, layer.input_norm, eps)
             qkv = layer.qkv_proj(x)
             if lora is not None:
                 lora.apply(i, "qkv", x, qkv)
@@ -178,23 +183,29 @@ class LlamaModel:
                 q, k = self.rotary.rotate(qkv, rope, heads, kv_heads)
                 write_kv(key_cache, value_cache, k, v, meta.slot_mapping)
             attn = attention(q, k, v, key_cache, value_cache, meta, self.scale)
-            if lora is None:
-                h = h + layer.o_proj(attn)
-                x = norm(h, layer.post_norm, eps)
-                h = h + layer.down_proj(act(layer.gate_up_proj(x)))
-                continue
             # LoRA deltas are added in place to each fused projection's output (see dataplane/lora).
             o = layer.o_proj(attn)
-            lora.apply(i, "o", attn, o)
-            h = h + o
-            x = norm(h, layer.post_norm, eps)
+            if lora is not None:
+                lora.apply(i, "o", attn, o)
+            h, x = add_norm(h, o, layer.post_norm, eps)
             gate_up = layer.gate_up_proj(x)
-            lora.apply(i, "gate_up", x, gate_up)
+            if lora is not None:
+                lora.apply(i, "gate_up", x, gate_up)
             hidden = act(gate_up)
-            down = layer.down_proj(hidden)
-            lora.apply(i, "down", hidden, down)
-            h = h + down
-        return h
+            pending = layer.down_proj(hidden)
+            if lora is not None:
+                lora.apply(i, "down", hidden, pending)
+        return h if pending is None else h + pending
+
+    def _add_norm(self, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h + delta, its RMSNorm): on the kernel path one launch (the RMSNorm kernel's fused residual add,
+        which rounds the sum to the model's dtype before normalizing, as the add alone does), else two ops."""
+        if self.use_kernels:
+            x, h = dispatch.rms_norm(delta, weight, eps, h)
+            return h, x
+        h = h + delta
+        return h, self._norm(h, weight, eps)
 
 
 def _cpu_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

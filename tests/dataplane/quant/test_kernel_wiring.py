@@ -101,6 +101,29 @@ def test_dense_logits_and_generations_match(monkeypatch):
     assert set(counts) == {name for _, name in KERNELS}, counts
 
 
+def test_residual_adds_ride_in_the_rms_norm_kernel(monkeypatch):
+    """On the kernel path every residual add but the last goes into an RMSNorm launch (2 per layer, less the
+    first layer's input norm, which has nothing to add); the logits are the torch path's."""
+    import kernels.rms_norm as rms_norm_kernel
+
+    args = tiny_args()
+    cpu, kern = _both(monkeypatch, lambda: loaded(args, tiny_tensors(args, seed=4)))
+    with_residual = []
+    original = rms_norm_kernel.rms_norm
+
+    def counting(x, weight, eps=1e-6, residual=None):
+        with_residual.append(residual is not None)
+        return original(x, weight, eps, residual)
+
+    monkeypatch.setattr(rms_norm_kernel, "rms_norm", counting)
+    monkeypatch.setenv("TESSERA_KERNELS", "triton")
+    kernel_logits = prefill_logits(kern.model, PROMPTS[0])
+    assert sum(with_residual) == 2 * args.num_layers - 1
+    assert len(with_residual) == 2 * args.num_layers + 1  # and the final norm
+    monkeypatch.setenv("TESSERA_KERNELS", "torch")
+    torch.testing.assert_close(kernel_logits, prefill_logits(cpu.model, PROMPTS[0]), atol=1e-4, rtol=1e-4)
+
+
 def test_fp8_kv_cache_on_both_paths(monkeypatch):
     """The kernel path quantizes K/V as it writes them (kernels/rotary_kv.py), the torch path with
     kv_fp8.quantize before its copy: the same bytes, so the same generations."""
