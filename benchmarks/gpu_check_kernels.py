@@ -18,6 +18,7 @@ import torch
 
 from kernels import kv_fp8
 from kernels import reference as R
+from kernels.seeded_noise import seeded_noise
 
 # The tolerances of tests/kernels/helpers.py: float32 differs by summation order only; 16-bit
 # kernels round attention probabilities and LoRA activations to the input dtype before their dots.
@@ -42,6 +43,8 @@ class Shapes:
     slots: int  # LoRA adapters resident
     awq_group: int
     block_size: int = 16
+    vocab: int = 49152  # the sampler's rows
+    sample_rows: int = 256
 
 
 # SmolLM2-135M: hidden 576, MLP 1536, 9 query heads over 3 KV heads of 64; a 32-sequence decode
@@ -51,7 +54,8 @@ PRODUCTION = Shapes(tokens=512, hidden=576, intermediate=1536, heads=9, kv_heads
                     prefill_chunks=((512, 1024), (300, 300), (1, 2047)), rank=16, slots=4, awq_group=128)
 # Small enough for Triton's interpreter (seconds), still off the block sizes.
 TINY = Shapes(tokens=7, hidden=104, intermediate=64, heads=9, kv_heads=3, head_dim=16,
-              decode_contexts=(1, 17, 40), prefill_chunks=((5, 5), (3, 20)), rank=8, slots=2, awq_group=64)
+              decode_contexts=(1, 17, 40), prefill_chunks=((5, 5), (3, 20)), rank=8, slots=2, awq_group=64,
+              vocab=1000, sample_rows=24)
 
 
 @dataclass(slots=True)
@@ -105,9 +109,28 @@ def kernel_table(s: Shapes, device: str, dtypes: tuple[torch.dtype, ...] = (torc
     """Run every kernel and its reference on the same random inputs on `device`; one Row each."""
     k = {m: importlib.import_module(f"kernels.{m}") for m in (
         "rms_norm", "rotary", "rotary_kv", "silu_and_mul", "paged_attention", "prefill_attention", "lora_shrink",
-        "lora_expand", "fp8_gemm", "awq_gemm", "awq_layout")}
+        "lora_expand", "fp8_gemm", "awq_gemm", "awq_layout", "sample_full")}
     gen = torch.Generator().manual_seed(seed)
-    return [row for dt in dtypes for row in _dtype_rows(s, device, dt, k, gen)]
+    return [row for dt in dtypes for row in _dtype_rows(s, device, dt, k, gen)] + [_sample_row(s, device, k, gen)]
+
+
+def _sample_row(s: Shapes, device: str, k: dict, gen: torch.Generator) -> Row:
+    """The whole-vocabulary draw (float32 logits whatever the model's dtype) against its reference over the
+    same hashed noise: rows mixing temperature, top-p 0.9, top-k 50 and min-p. Judged by rows that drew a
+    different token: up to 1 % may, where two scores agree to the rounding of each side's exp and log."""
+    r, v = s.sample_rows, s.vocab
+    logits = (torch.randn(r, v, generator=gen) * 3).to(device)
+    temperature = (torch.rand(r, generator=gen) + 0.3).to(device)
+    which = torch.arange(r) % 4
+    top_k = torch.where(which == 2, 50, 0).to(device)
+    top_p = torch.where(which == 1, 0.9, 1.0).to(device)
+    min_p = torch.where(which == 3, 0.05, 0.0).to(device)
+    seeds = torch.randint(0, 1 << 62, (r,), generator=gen).to(device)
+    index = torch.randint(0, 1000, (r,), generator=gen).to(device)
+    got = k["sample_full"].sample_full(logits, temperature, top_k, top_p, min_p, seeds, index)
+    want = R.sample_full_ref(logits, temperature, top_k, top_p, min_p, seeded_noise(seeds, index, v))
+    wrong = int((got != want).sum())
+    return Row("sample_full (token ids)", "float32", f"{r}x{v}", float(wrong), float(r // 100), wrong <= r // 100)
 
 
 def _dtype_rows(s: Shapes, device: str, dt: torch.dtype, k: dict, gen: torch.Generator) -> list[Row]:

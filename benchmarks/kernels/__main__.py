@@ -6,7 +6,7 @@ import importlib
 import sys
 
 BENCHMARKS = ["rms_norm", "rotary", "rotary_kv", "silu_and_mul", "paged_attention", "prefill_attention", "lora",
-              "fp8_gemm", "awq_gemm", "cpu_decode", "cpu_sample"]
+              "fp8_gemm", "awq_gemm", "cpu_decode", "cpu_sample", "sample_full"]
 
 
 def main(argv: list[str]) -> int:

@@ -4,8 +4,9 @@ The whole batch is sampled with a few tensor ops on the logits' device, whatever
 its rows carry (`SamplingBatch`: one array per parameter, a value per row, decided on the host with
 numpy so no decision waits for the device, once per batch: sampling/plan.py); the only per-row Python
 left is for rows that ask for something only they need (penalties, logit bias, logprobs' results).
-The draw itself is one of two functions of plain tensors, each a torch reference (kernels/reference.py,
-what a GPU runs) with a C++ twin on the CPU (kernels/cpu_sample.py): among each row's top-k candidates
+The draw itself is one of two functions of plain tensors, each a torch reference (kernels/reference.py)
+with a C++ twin on the CPU (kernels/cpu_sample.py), the whole-vocabulary one also a Triton twin where the
+kernels run (kernels/sample_full.py; a GPU runs the candidates' torch twin): among each row's top-k candidates
 when every drawing row has a small top_k (one `topk` instead of a sort of the vocabulary, top-p and
 min-p applied to those candidates exactly as over the whole vocabulary), else over the whole
 vocabulary. The tokens come back to the host in one copy.
@@ -13,12 +14,14 @@ vocabulary. The tokens come back to the host in one copy.
 Sampling uses the exponential race (argmax of p / q with q ~ Exp(1)), which equals drawing from p.
 A seeded request's noise is a hash of (seed, output index, token id) (kernels/seeded_noise.py), so its
 tokens depend neither on its batch mates nor on whether it was preempted and recomputed, nor on which
-of the two draws its batch took, nor on the device. On the CPU the whole-vocabulary draw hashes every
-row's noise (unseeded rows from a seed drawn per step), so no Exp(1) is drawn for each token.
+of the two draws its batch took, nor on the device. On the CPU and in the Triton kernel the
+whole-vocabulary draw hashes every row's noise (unseeded rows from a seed drawn per step), so no Exp(1)
+is drawn for each token.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,7 +32,7 @@ from dataplane.sampling.penalties import apply_penalties
 from dataplane.sampling.plan import DrawPlan, up
 from dataplane.sampling.rows import SamplingRow
 from dataplane.scheduler.output import TokenLogprobs
-from kernels import cpu_sample
+from kernels import cpu_sample, dispatch
 from kernels.reference import sample_full_ref, sample_top_k_ref
 from kernels.seeded_noise import seeded_noise
 
@@ -70,6 +73,16 @@ class SamplingBatch:
         batch.penalties = [(i, r) for i, r in enumerate(rows) if r.params.needs_penalties] or None
         batch.all_greedy = all(p.greedy for p in ps) and not batch.bias and not batch.penalties
         return batch
+
+
+def _hashed_full_draw(device: torch.device) -> Callable[..., torch.Tensor] | None:
+    """The whole-vocabulary draw that hashes every row's noise itself, where one runs on `device`: the C++
+    one on the CPU, the Triton kernel where kernels.dispatch runs the kernels (CUDA); else None."""
+    if device.type == "cpu" and cpu_sample.available():
+        return cpu_sample.sample_full
+    if dispatch.use_triton(device):
+        return importlib.import_module("kernels.sample_full").sample_full  # imports triton: only here
+    return None
 
 
 def bias_entries(biased: list[tuple[int, dict[int, float]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -146,24 +159,26 @@ class Sampler:
 
     def _draw(self, logits: torch.Tensor, temperature: torch.Tensor, plan: DrawPlan,
               index: np.ndarray | None) -> torch.Tensor:
-        """One draw per row over the whole vocabulary, under top-k / top-p / min-p. On the CPU one C++ call
-        that hashes every row's noise (a seeded row's from its seed and output index, the others' from a
-        seed drawn here): one number a row instead of an Exp(1) for each of the vocabulary's tokens.
-        Elsewhere reference.sample_full_ref over Exp(1) noise, the seeded rows' hashed: one op for the
-        unseeded rows where hashing them would be ~15 (on a GPU a launch each)."""
+        """One draw per row over the whole vocabulary, under top-k / top-p / min-p. On the CPU one C++ call,
+        where the Triton kernels run one launch (kernels/sample_full.py), each hashing every row's noise (a
+        seeded row's from its seed and output index, the others' from a seed drawn here): one number a row
+        instead of an Exp(1) for each of the vocabulary's tokens. Elsewhere reference.sample_full_ref over
+        Exp(1) noise, the seeded rows' hashed: one op for the unseeded rows where hashing them would be
+        ~15."""
         device, rows, vocab = logits.device, logits.shape[0], logits.shape[1]
         top_k = None if plan.top_k is None else plan.on("top_k", device, plan.top_k)
         top_p = None if plan.top_p is None else plan.on("top_p", device, plan.top_p)
         min_p = None if plan.min_p is None else plan.on("min_p", device, plan.min_p)
         seeded = plan.on("seeded", device, plan.seeded) if len(plan.seeded) else None
         at = None if seeded is None else up((index if plan.every else index[plan.random])[plan.seeded], device)
-        if device.type == "cpu" and cpu_sample.available():
+        hashed = _hashed_full_draw(device)
+        if hashed is not None:
             seeds = torch.randint(0, 1 << 62, (rows,), device=device, generator=self.generator)
             row_index = torch.zeros(rows, dtype=torch.long, device=device)
             if seeded is not None:
                 seeds[seeded] = plan.on("seeds", device, plan.seeds[plan.seeded])
                 row_index[seeded] = at
-            return cpu_sample.sample_full(logits, temperature, top_k, top_p, min_p, seeds, row_index)
+            return hashed(logits, temperature, top_k, top_p, min_p, seeds, row_index)
         noise = torch.empty_like(logits).exponential_(generator=self.generator)
         if seeded is not None:
             noise[seeded] = seeded_noise(plan.on("seeds", device, plan.seeds[plan.seeded]), at, vocab)

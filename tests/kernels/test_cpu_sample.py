@@ -11,6 +11,7 @@ from dataplane.sampling.sampler import Sampler, SamplingBatch
 from kernels import cpu_sample
 from kernels.reference import sample_full_ref, sample_top_k_ref, top_k_top_p_mask
 from kernels.seeded_noise import seeded_noise
+from tests.kernels.sample_inputs import FULL_MIXES, ZERO_NOISE, full_inputs
 
 pytestmark = pytest.mark.skipif(not cpu_sample.available(), reason="the C++ CPU kernels cannot be built here")
 
@@ -174,29 +175,6 @@ def test_the_sampler_draws_the_same_with_or_without_the_kernel(monkeypatch, ever
         assert got[0][3].item() == logits[3].argmax().item()
 
 
-FULL_MIXES = {  # rows of the whole-vocabulary draw: what each row carries (0 / 1 / None: off)
-    "temperature only": (None, None, None),
-    "top_p": (None, "top_p", None),
-    "top_k beyond the candidates' limit, some rows off": ("top_k", None, None),
-    "top_k, top_p and min_p": ("top_k", "top_p", "min_p"),
-    "min_p only": (None, None, "min_p"),
-}
-
-
-def _full_inputs(rows: int, vocab: int, seed: int, scale: float) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    some = torch.rand(rows, generator=g) < 0.6
-    return {
-        "logits": torch.randn(rows, vocab, generator=g) * scale,
-        "temperature": torch.rand(rows, generator=g) + 0.3,
-        "top_k": torch.where(some, torch.randint(1, vocab + 1, (rows,), generator=g), 0),
-        "top_p": torch.where(some, torch.rand(rows, generator=g) * 0.9 + 0.1, 1.0),
-        "min_p": torch.where(some, torch.rand(rows, generator=g) * 0.2, 0.0),
-        "seeds": torch.randint(0, 1 << 62, (rows,), generator=g),
-        "index": torch.randint(0, 1000, (rows,), generator=g),
-    }
-
-
 @pytest.mark.parametrize("rows,vocab", [(8, 49152), (64, 512), (40, 5000), (20, 37)])
 @pytest.mark.parametrize("scale", [3.0, 1.0, 0.3])  # peaked, a nucleus of half the vocabulary, nearly flat
 @pytest.mark.parametrize("mix", list(FULL_MIXES))
@@ -205,7 +183,7 @@ def test_the_whole_vocabulary_draw_matches_its_reference(rows, vocab, scale, mix
     whether the nucleus is a few tokens (found among grown candidates) or most of the vocabulary (its
     floor found by bisection), with top-k of any size, min-p, or nothing but a temperature."""
     for seed in range(2):
-        inputs = _full_inputs(rows, vocab, seed, scale)
+        inputs = full_inputs(rows, vocab, seed, scale)
         top_k, top_p, min_p = (inputs[name] if name else None for name in FULL_MIXES[mix])
         args = (inputs["logits"], inputs["temperature"], top_k, top_p, min_p, inputs["seeds"], inputs["index"])
         noise = seeded_noise(inputs["seeds"], inputs["index"], vocab)
@@ -223,11 +201,6 @@ def test_a_seeded_row_draws_the_same_with_either_draw():
     full = cpu_sample.sample_full(inputs["logits"], inputs["temperature"], inputs["top_k"], inputs["top_p"],
                                   inputs["min_p"], inputs["seeds"], inputs["index"])
     assert torch.equal(among, full)
-
-
-# A (seed, output index, token) whose hash has all its top bits set: with 24 bits of it as the uniform,
-# (2^24 - 1) + 0.5 rounded to 2^24 in float32, u to 1 and the noise to 0 (found by search).
-ZERO_NOISE = (7, 6165, 389)
 
 
 def test_seeded_noise_is_never_zero():
