@@ -137,6 +137,12 @@ def phase_sweep(ctx: Context, budget: Budget, record: dict) -> dict:
             decode_sweep(engines[mode], mode, [b], plan.prompt_len, plan.output_tokens, engine_budget,
                          sweep["engine"])
         last = time.perf_counter() - start
+    # the same engine sampling (temperature + top-p, seeded): what the sampler costs a step under graphs
+    from benchmarks.gpu_sweep import SAMPLED, SAMPLED_MODE
+
+    sweep["sampled"] = SAMPLED
+    decode_sweep(engines["graphs"], SAMPLED_MODE, plan.sampled_batches, plan.prompt_len, plan.output_tokens,
+                 engine_budget, sweep["engine"], sampling=SAMPLED)
     args = ctx.speed_args
     ctx_len = plan.prompt_len + plan.output_tokens // 2
     from dataplane.config import resolve_dtype
@@ -245,7 +251,7 @@ def roofline(ctx: Context, record: dict) -> dict | None:
     mean_ctx = plan.prompt_len + plan.output_tokens / 2
     points = []
     for r in sweep.get("engine", []):
-        if r["step_ms"] > 0:
+        if r["step_ms"] > 0 and r["mode"] in ("graphs", "eager"):  # the greedy sweep (sampled rows add no work)
             points.append(Point(f"engine, {'CUDA graphs' if r['mode'] == 'graphs' else 'eager'}",
                                 f"b{r['batch']}", decode_work(args, r["batch"], mean_ctx, size), r["step_ms"] / 1e3,
                                 r["batch"]))

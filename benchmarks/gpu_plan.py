@@ -36,6 +36,7 @@ class Plan:
     work_dir: Path
     budget: float
     batches: list[int] = field(default_factory=lambda: [1, 8, 32, 128, 256])
+    sampled_batches: list[int] = field(default_factory=lambda: [32, 128])  # under graphs, temperature + top-p
     prompt_len: int = 32
     output_tokens: int = 128
     prefill_lengths: list[int] = field(default_factory=lambda: [128, 256, 512, 1024, 2048, 4096, 8192])
@@ -51,7 +52,7 @@ class Plan:
     @classmethod
     def rehearsal(cls, **kw: object) -> Plan:
         """The CPU rehearsal's small sizes: every phase's code runs in a minute or two on two cores."""
-        small = dict(batches=[1, 4], prompt_len=8, output_tokens=6, prefill_lengths=[16, 48], profile_batches=[2],
+        small = dict(batches=[1, 4], sampled_batches=[4], prompt_len=8, output_tokens=6, prefill_lengths=[16, 48], profile_batches=[2],
                      profile_steps=3, lora_batch=4, lora_adapters=2, lora_rank=4, check_tokens=6, budget_scale=5.0)
         return cls(**{**small, **kw})  # type: ignore[arg-type]
 

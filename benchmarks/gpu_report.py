@@ -166,6 +166,15 @@ def _sweep(record: dict) -> list[str]:
             str(b), _n(g, "tok_s"), _n(g, "step_ms", 2), _n(e, "tok_s"), _n(e, "step_ms", 2),
             _ratio(g, e, "tok_s"), _n(rg, "tok_s"), _n(rg, "ms", 3), _ratio(g, rg, "tok_s"),
             _ratio(rg, g, "ms", "step_ms"), _n(re, "tok_s"), "–" if g is None else str(g.get("replays"))]) + " |")
+    sampled = _by_batch(sweep.get("engine", []), mode="graphs, top-p")
+    if sampled:
+        knobs = ", ".join(f"{k} {v}" for k, v in (sweep.get("sampled") or {}).items())
+        lines += ["", f"Sampled ({knobs}, seeded; the whole-vocabulary draw), under graphs:", "",
+                  "| batch | tok/s | step ms | greedy step ms | sampled / greedy (tok/s) |", "|---:|---:|---:|---:|---:|"]
+        for b, r in sorted(sampled.items()):
+            g = graphs.get(b)
+            lines.append(f"| {b} | {_n(r, 'tok_s')} | {_n(r, 'step_ms', 2)} | {_n(g, 'step_ms', 2)} | "
+                         f"{_ratio(r, g, 'tok_s')} |")
     return lines
 
 

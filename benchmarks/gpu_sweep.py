@@ -1,7 +1,7 @@
 """The engine's decode sweep and prefill timings for the GPU check, and the plain-torch reference beside them.
 
 Decode (issue 28's measurement): `batch` requests of `prompt_len` tokens, `output_tokens` greedy tokens
-each with ignore_eos, the whole `LLM.generate` call timed (tok/s = tokens / call), and the same call
+each with ignore_eos (and, at a few batches, sampled with temperature + top-p: the sampler's cost), the whole `LLM.generate` call timed (tok/s = tokens / call), and the same call
 with one output token: (T(n) - T(1)) / (n - 1) is a decode step without the prefill. Each batch is
 warmed first (its graph captured or its shapes met), CUDA graphs on ("graphs") and off ("eager"),
 prefix caching off so a repeat computes what the first did. On a CPU the "graphs" engine runs the same
@@ -47,12 +47,22 @@ def build_llm(preloaded, device: str, mode: str, max_num_seqs: int, max_num_batc
                kv_cache_memory=kv_cache_memory, enable_prefix_caching=False, cuda_graphs=graphs, **kw)
 
 
+# The sampled rows of the sweep: OpenAI-style temperature + top_p, no top_k (the whole-vocabulary draw:
+# kernels/sample_full.py where the kernels run).
+SAMPLED = {"temperature": 0.8, "top_p": 0.9}
+SAMPLED_MODE = "graphs, top-p"
+
+
 def timed_generate(llm, prompts: list[list[int]], max_tokens: int, adapters: list[str | None] | None = None,  # noqa: ANN001
-                   ) -> tuple[float, int]:
-    """Seconds of one whole generate call (device synchronized around it) and the tokens it produced."""
+                   sampling: dict | None = None) -> tuple[float, int]:
+    """Seconds of one whole generate call (device synchronized around it) and the tokens it produced; greedy
+    unless `sampling` gives SamplingParams' fields (each request seeded by its place, so runs repeat)."""
     from dataplane import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    if sampling:
+        params = [SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=i, **sampling)
+                  for i in range(len(prompts))]
     device = llm.core.model.device
     _sync(device)
     start = time.perf_counter()
@@ -79,9 +89,9 @@ class DecodeRow:
 
 
 def decode_sweep(llm, mode: str, batches: list[int], prompt_len: int, output_tokens: int, budget: Budget,  # noqa: ANN001
-                 out: list[dict], adapters_for=None) -> None:  # noqa: ANN001
+                 out: list[dict], adapters_for=None, sampling: dict | None = None) -> None:  # noqa: ANN001
     """Append a DecodeRow (as a dict) to `out` per batch, as each is measured; stops when the budget runs short.
-    `adapters_for(batch)`: each request's LoRA adapter (None: the base model)."""
+    `adapters_for(batch)`: each request's LoRA adapter (None: the base model); `sampling`: as timed_generate."""
     vocab = llm.core.model.args.vocab_size
     graphs = llm.core.runner.graphs
     last_s = 0.0
@@ -92,10 +102,10 @@ def decode_sweep(llm, mode: str, batches: list[int], prompt_len: int, output_tok
         started = time.perf_counter()
         prompts = synthetic_prompts(b, prompt_len, vocab, salt=b)
         adapters = adapters_for(b) if adapters_for is not None else None
-        timed_generate(llm, prompts, 4, adapters)  # warm: this batch's graph captured, its shapes met
-        first_s = min(timed_generate(llm, prompts, 1, adapters)[0] for _ in range(2))  # cheap: the best of two
+        timed_generate(llm, prompts, 4, adapters, sampling)  # warm: this batch's graph captured, its shapes met
+        first_s = min(timed_generate(llm, prompts, 1, adapters, sampling)[0] for _ in range(2))  # the best of two
         before = graphs.stats.replays if graphs is not None else None
-        call_s, tokens = timed_generate(llm, prompts, output_tokens, adapters)
+        call_s, tokens = timed_generate(llm, prompts, output_tokens, adapters, sampling)
         replays = graphs.stats.replays - before if graphs is not None else None
         row = DecodeRow(b, mode, call_s, first_s, tokens, tokens / call_s,
                         1000 * max(call_s - first_s, 0.0) / max(output_tokens - 1, 1), replays)

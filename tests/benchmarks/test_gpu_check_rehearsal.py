@@ -41,7 +41,8 @@ def test_every_phase_runs_and_reports(tmp_path):
         assert gve[part]["replays"] > 0 and len(gve[part]["checks"]) == gve[part]["prompts"]
     assert gve["warmup"]["steps"] > 0
     engine = {(r["mode"], r["batch"]) for r in rec["sweep"]["engine"]}
-    assert engine == {("graphs", 1), ("graphs", 4), ("eager", 1), ("eager", 4)}
+    assert engine == {("graphs", 1), ("graphs", 4), ("eager", 1), ("eager", 4), ("graphs, top-p", 4)}
+    assert "Sampled (temperature 0.8, top_p 0.9" in (results / "gpu_check.md").read_text()
     assert [(r["batch"], r["graph"]) for r in rec["sweep"]["reference"]] == [(1, False), (4, False)]
     assert {(p["batch"], p["mode"]) for p in rec["profile"]} == {(2, "graphs"), (2, "eager")}
     assert all(p["replays"] == p["steps"] for p in rec["profile"] if p["mode"] == "graphs")
