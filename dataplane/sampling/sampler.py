@@ -6,7 +6,7 @@ numpy so no decision waits for the device, once per batch: sampling/plan.py); th
 left is for rows that ask for something only they need (penalties, logit bias, logprobs' results).
 The draw itself is one of two functions of plain tensors, each a torch reference (kernels/reference.py)
 with a C++ twin on the CPU (kernels/cpu_sample.py), the whole-vocabulary one also a Triton twin where the
-kernels run (kernels/sample_full.py; a GPU runs the candidates' torch twin): among each row's top-k candidates
+kernels run (kernels/sample_full.py, which takes every batch there, top-k included): among each row's top-k candidates
 when every drawing row has a small top_k (one `topk` instead of a sort of the vocabulary, top-p and
 min-p applied to those candidates exactly as over the whole vocabulary), else over the whole
 vocabulary. The tokens come back to the host in one copy.
@@ -147,18 +147,22 @@ class Sampler:
         on = None if plan.every else plan.on("on", device, plan.random)
         temperature = plan.on("temperature", device, batch.temperature[plan.random])
         drawing = logits if plan.every else logits[on]
-        if plan.candidates:
+        hashed = _hashed_full_draw(device)
+        # The candidates' draw where it is the faster one: beside the C++ whole-vocabulary draw (its own C++
+        # twin) and where no hashing draw runs; the Triton kernel takes top-k as it takes top-p, in one
+        # launch against ~25
+        if plan.candidates and (hashed is None or hashed is cpu_sample.sample_full):
             drawn = self._draw_candidates(drawing, temperature, plan, batch.output_index)
         else:
-            drawn = self._draw(drawing, temperature, plan, batch.output_index)
+            drawn = self._draw(drawing, temperature, plan, batch.output_index, hashed)
         if plan.every:
             return drawn, raw
         tokens = logits.argmax(dim=-1)
         tokens[on] = drawn
         return tokens, raw
 
-    def _draw(self, logits: torch.Tensor, temperature: torch.Tensor, plan: DrawPlan,
-              index: np.ndarray | None) -> torch.Tensor:
+    def _draw(self, logits: torch.Tensor, temperature: torch.Tensor, plan: DrawPlan, index: np.ndarray | None,
+              hashed: Callable[..., torch.Tensor] | None) -> torch.Tensor:
         """One draw per row over the whole vocabulary, under top-k / top-p / min-p. On the CPU one C++ call,
         where the Triton kernels run one launch (kernels/sample_full.py), each hashing every row's noise (a
         seeded row's from its seed and output index, the others' from a seed drawn here): one number a row
@@ -171,7 +175,6 @@ class Sampler:
         min_p = None if plan.min_p is None else plan.on("min_p", device, plan.min_p)
         seeded = plan.on("seeded", device, plan.seeded) if len(plan.seeded) else None
         at = None if seeded is None else up((index if plan.every else index[plan.random])[plan.seeded], device)
-        hashed = _hashed_full_draw(device)
         if hashed is not None:
             seeds = torch.randint(0, 1 << 62, (rows,), device=device, generator=self.generator)
             row_index = torch.zeros(rows, dtype=torch.long, device=device)

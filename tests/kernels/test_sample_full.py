@@ -161,3 +161,33 @@ def test_the_sampler_draws_with_the_kernel_where_the_kernels_run(monkeypatch):
     monkeypatch.setenv("TESSERA_KERNELS", "torch")  # the torch twin: seeded rows draw the same
     assert torch.equal(Sampler(seed=9).sample_tensor(logits, batch())[0][0::2], got[0::2])
     assert calls == [1]
+
+
+def test_where_the_kernels_run_a_top_k_batch_is_one_launch_too(monkeypatch):
+    """Every row with a small top_k (the candidates' plan: on the CPU the C++ draw among candidates) goes to
+    the kernel where the kernels run, one launch; its seeded rows draw what the candidates' twin draws."""
+    import kernels.sample_full as kernel_module
+
+    torch.manual_seed(3)
+    logits = torch.randn(12, 2000) * 2.0
+
+    def batch() -> SamplingBatch:
+        b = SamplingBatch(np.full(12, 0.8, dtype=np.float32), top_k=np.full(12, 40, dtype=np.int64),
+                          top_p=np.full(12, 0.95, dtype=np.float32))
+        b.seeds = np.where(np.arange(12) % 2 == 0, np.arange(12) * 11, -1).astype(np.int64)
+        b.output_index = np.arange(12, dtype=np.int64) + 5
+        return b
+
+    calls = []
+    monkeypatch.setattr(kernel_module, "sample_full", lambda *a: calls.append(1) or sample_full(*a))
+    monkeypatch.setattr(cpu_sample, "available", lambda: False)
+    monkeypatch.setenv("TESSERA_KERNELS", "triton")
+    first = batch()
+    got = Sampler(seed=4).sample_tensor(logits, first)[0]
+    assert first.plan.candidates and calls == [1]
+    top40 = logits.topk(40, dim=-1).indices
+    assert bool((top40 == got[:, None]).any(dim=-1).all())
+    monkeypatch.setenv("TESSERA_KERNELS", "torch")  # the candidates' torch twin
+    twin = Sampler(seed=4).sample_tensor(logits, batch())[0]
+    assert calls == [1]
+    assert torch.equal(twin[0::2], got[0::2])
