@@ -252,11 +252,13 @@ class ModelConfig:
 
     @property
     def graph_mode(self) -> str | None:
-        """The decode-graph mode the engine runs: 'cuda', 'padded' or None (eager). Tensor parallel steps
-        stay eager: each rank's step starts with a host broadcast of its inputs."""
+        """The decode-graph mode the engine runs: 'cuda', 'padded' or None (eager). A tensor parallel engine
+        runs graphs when asked ('cuda' or 'padded': every rank replays its own, told each step by rank 0),
+        not by default ('auto' stays eager there: the per-rank graphs with NCCL inside have not run on a
+        multi-GPU host yet)."""
         if self.cuda_graphs == "auto":
             return "cuda" if str(self.device).startswith("cuda") and self.tensor_parallel_size == 1 else None
-        if self.cuda_graphs == "off" or self.tensor_parallel_size > 1:
+        if self.cuda_graphs == "off":
             return None
         return self.cuda_graphs
 

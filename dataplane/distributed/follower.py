@@ -3,7 +3,9 @@
 A follower has no scheduler, sampler or tokenizer. Rank 0 sends each step's model input (token
 ids, positions, attention metadata: the same arguments its own shard runs on) and the follower
 runs its shard's forward, joining the two all-reduces per layer; its output is dropped, because
-rank 0's hidden states are already the sum over all ranks. The KV cache of the follower's heads
+rank 0's hidden states are already the sum over all ranks. A decode-only step where rank 0 runs
+decode graphs comes as a GraphStep instead: the follower keeps DecodeGraphs of its own and replays
+(or captures) the same padded size. The KV cache of the follower's heads
 lives here and follows the block ids rank 0's scheduler chose.
 """
 
@@ -18,6 +20,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -27,6 +30,7 @@ from dataplane.distributed.load import build_shard
 from dataplane.models.attention import AttentionMetadata, allocate_kv_cache
 from dataplane.models.loader import read_weights
 from dataplane.models.registry import resolve_model_path
+from dataplane.runner.decode_graphs import DecodeGraphs
 
 # Followers wait for the next step as long as the engine idles; the parent watchdog ends them.
 FOLLOWER_TIMEOUT_S = 365 * 24 * 3600.0
@@ -42,6 +46,28 @@ class Step:
     num_blocks: int  # KV blocks per layer: the follower allocates its cache shard on the first step
     block_size: int
     kv_cache_dtype: str = "auto"  # the engine's CacheConfig.kv_cache_dtype: the shard is allocated alike
+
+
+@dataclass(slots=True)
+class GraphStep:
+    """A decode-only step through every rank's DecodeGraphs (runner/decode_graphs.py): each rank copies
+    these rows into its persistent buffers and replays its graph of the padded size (on CUDA the NCCL
+    all-reduces are inside the graphs), or, with `capture` set, captures that size, as rank 0 does at the
+    same moment: the collectives of a capture and of its warm-up must pair up across the ranks."""
+
+    mode: str  # 'cuda' (captured graphs) or 'padded' (the same padded step, eagerly)
+    max_num_seqs: int  # rank 0's DecodeGraphs' sizes, buffers and dummy block, built alike here
+    table_width: int
+    dummy_block: int
+    num_blocks: int  # KV blocks per layer and their size: the cache shard, when it is not allocated yet
+    block_size: int
+    kv_cache_dtype: str
+    capture: int | None = None  # capture this padded size now (no rows)
+    input_ids: np.ndarray | None = None  # [n] the step's rows, as DecodeGraphs.run takes them
+    positions: np.ndarray | None = None
+    slots: np.ndarray | None = None
+    tables: np.ndarray | None = None  # [n, width] the rows' block tables
+    context_lens: np.ndarray | None = None
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -70,8 +96,12 @@ def main() -> None:
 
     A fresh interpreter rather than multiprocessing's spawn, which re-imports the parent's main
     module: a script without a main guard would start its engine again in every rank."""
+    # Run as the package's module, not as __main__: the step messages unpickle as its classes
+    # (dataplane.distributed.follower.GraphStep), and the loop tells them apart with isinstance.
+    from dataplane.distributed import follower
+
     spec: FollowerSpec = pickle.load(sys.stdin.buffer)
-    follower_main(spec, os.fdopen(int(sys.argv[1]), "wb"))
+    follower.follower_main(spec, os.fdopen(int(sys.argv[1]), "wb"))
 
 
 def _report(ready: Any, error: str | None) -> None:
@@ -94,6 +124,7 @@ def follower_main(spec: FollowerSpec, ready: Any) -> None:
     _report(ready, None)
     group = init_group(info, spec.port, FOLLOWER_TIMEOUT_S)
     caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    graphs: DecodeGraphs | None = None
     box: list[Any] = [None]
     while True:
         dist.broadcast_object_list(box, src=0, group=group)
@@ -105,6 +136,16 @@ def follower_main(spec: FollowerSpec, ready: Any) -> None:
             layer = (step.num_blocks, step.block_size, a.num_kv_heads, a.head_dim, model.dtype, model.device,
                      step.kv_cache_dtype)
             caches = [(allocate_kv_cache(*layer), allocate_kv_cache(*layer)) for _ in range(a.num_layers)]
+        if isinstance(step, GraphStep):
+            if graphs is None:
+                graphs = DecodeGraphs(model, caches, step.block_size, step.max_num_seqs, step.table_width,
+                                      step.dummy_block, step.mode)
+            if step.capture is not None:
+                graphs.capture_size(step.capture)
+            else:
+                graphs.run(step.input_ids, step.positions, step.slots, step.tables,
+                           np.arange(len(step.input_ids)), step.context_lens)
+            continue
         if info.device != "cpu":
             step = move(step, info.device)
         model.hidden_states(step.input_ids, step.positions, step.meta, caches)

@@ -16,15 +16,16 @@ import select
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from dataplane.config import ModelConfig
-from dataplane.distributed.follower import FollowerSpec, Step
+from dataplane.distributed.follower import FollowerSpec, GraphStep, Step
 from dataplane.distributed.group import CommStats, RankInfo, init_group, move, rank_device, rendezvous_store
 from dataplane.distributed.load import build_shard, check_supported
 from dataplane.distributed.shard import check_tensor_parallel_size, shard_args
@@ -59,16 +60,33 @@ class TensorParallelModel:
                       kv_caches: list[tuple[torch.Tensor, torch.Tensor]], lora: Any = None) -> torch.Tensor:
         if lora is not None:
             raise ValueError("adapter: LoRA is not supported with tensor_parallel_size > 1")
-        self._check_alive()
         key = kv_caches[0][0]
         step = Step(input_ids, positions, meta, key.shape[0], key.shape[1], "fp8" if kv_fp8.is_fp8(key) else "auto")
+        self.broadcast(step if key.device.type == "cpu" else move(step, "cpu"))
+        try:
+            return self.inner.hidden_states(input_ids, positions, meta, kv_caches)
+        except Exception as exc:
+            self._check_alive()  # a dead rank is the better message
+            self.failed = f"tensor parallel step failed: {exc}"
+            raise RuntimeError(self.failed) from exc
+
+    def graph_peers(self, mode: str, max_num_seqs: int, table_width: int, dummy_block: int,
+                    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> _GraphPeers:
+        """The followers as runner/decode_graphs.py's GraphPeers: told each decode graph step (and each
+        capture) before rank 0 runs it, with what they need to build the same DecodeGraphs."""
+        key = kv_caches[0][0]
+        template = GraphStep(mode, max_num_seqs, table_width, dummy_block, key.shape[0], key.shape[1],
+                             "fp8" if kv_fp8.is_fp8(key) else "auto")
+        return _GraphPeers(self, template)
+
+    def broadcast(self, message: Any) -> None:
+        """One step message to the followers (Step, GraphStep); a failure fails the engine for good."""
+        self._check_alive()
         try:
             t0 = time.perf_counter()
-            dist.broadcast_object_list([step if key.device.type == "cpu" else move(step, "cpu")], src=0,
-                                       group=self.group)
+            dist.broadcast_object_list([message], src=0, group=self.group)
             self.comm.broadcast_seconds += time.perf_counter() - t0
             self.comm.broadcasts += 1
-            return self.inner.hidden_states(input_ids, positions, meta, kv_caches)
         except Exception as exc:
             self._check_alive()  # a dead rank is the better message
             self.failed = f"tensor parallel step failed: {exc}"
@@ -108,6 +126,23 @@ class TensorParallelModel:
         self.procs = []
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class _GraphPeers:
+    """runner/decode_graphs.GraphPeers for rank 0: each decode graph step's rows, and each capture, to the
+    followers as a GraphStep (host arrays: a few hundred bytes a step)."""
+
+    def __init__(self, model: TensorParallelModel, template: GraphStep) -> None:
+        self.model, self.template = model, template
+        self.local_model = model.inner  # rank 0's shard: its graphs run it, with no step broadcast inside
+
+    def run(self, input_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, tables: np.ndarray,
+            context_lens: np.ndarray) -> None:
+        self.model.broadcast(replace(self.template, input_ids=input_ids, positions=positions, slots=slots,
+                                     tables=tables, context_lens=context_lens))
+
+    def capture(self, p: int) -> None:
+        self.model.broadcast(replace(self.template, capture=p))
 
 
 def start_tensor_parallel(mc: ModelConfig, progress: bool = True) -> LoadedModel:

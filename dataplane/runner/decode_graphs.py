@@ -11,7 +11,10 @@ reads `logits[:n]`. A batch of n decodes runs at the smallest captured size P >=
 padding: token 0 at position 0, writing and reading only a reserved dummy block past the pool's
 blocks (`dummy_block`), so they never touch a request's cache.
 
-`mode="padded"` runs the same padded step eagerly (no capture): the CPU has no graphs, but this is how
+Tensor parallel engines replay per rank: rank 0 tells the other ranks each step's rows before it replays
+(`GraphPeers`, distributed/launch.py) and each replays its own graph of the same size, the NCCL
+all-reduces captured inside, as vLLM does; a capture is announced likewise, so the ranks' collectives
+pair up. `mode="padded"` runs the same padded step eagerly (no capture): the CPU has no graphs, but this is how
 the graph-safe step is tested there (`tests/dataplane/test_decode_graphs.py`), and how a GPU run can
 tell a graph's fault from the padding's.
 """
@@ -21,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -50,6 +53,19 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
     return sizes
 
 
+class GraphPeers(Protocol):
+    """The other ranks of a tensor parallel engine, from rank 0's side (distributed/launch.py)."""
+
+    local_model: LlamaModel  # rank 0's shard: what its graphs run
+
+    def run(self, input_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, tables: np.ndarray,
+            context_lens: np.ndarray) -> None:
+        """Tell every rank to run this decode step from its buffers (before rank 0 runs it)."""
+
+    def capture(self, p: int) -> None:
+        """Tell every rank to capture padded size p (before rank 0 captures it)."""
+
+
 @dataclass(slots=True)
 class GraphStats:
     graphs: int = 0  # captured graphs
@@ -62,12 +78,16 @@ class GraphStats:
 class DecodeGraphs:
     def __init__(self, model: LlamaModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int,
                  max_num_seqs: int, table_width: int, dummy_block: int, mode: str,
-                 lora: LoRARuntime | None = None) -> None:
+                 lora: LoRARuntime | None = None, peers: GraphPeers | None = None) -> None:
         if mode not in ("cuda", "padded"):
             raise ValueError(f"decode graphs: mode must be 'cuda' or 'padded', got {mode!r}")
         if mode == "cuda" and model.device.type != "cuda":
             raise ValueError("decode graphs: CUDA graphs need a CUDA device (use mode 'padded' to test the step)")
         self.model, self.kv_caches, self.block_size, self.mode = model, kv_caches, block_size, mode
+        # Tensor parallel rank 0: the other ranks replay (or capture) with it, told before each step; its
+        # own forward is its shard's, whose all-reduces pair with theirs (no step broadcast inside it)
+        self.peers = peers
+        self.local = peers.local_model if peers is not None else model
         self.sizes = capture_sizes(max_num_seqs)
         self.lora = lora
         self.stats = GraphStats()
@@ -106,21 +126,26 @@ class DecodeGraphs:
         if p is None:
             self.stats.eager_steps += 1
             return None
+        with_lora = adapter_slots is not None
+        if self.mode == "cuda" and (p, with_lora) not in self._graphs:
+            # before this step's rows go in: a capture runs the forward on padding rows, all of them
+            log.warning("no CUDA graph captured for %d decodes (lora=%s): capturing now", p, with_lora)
+            self._capture(p, with_lora)
         width = -(-int(context_lens.max()) // self.block_size)
-        self._fill(n, input_ids, positions, slots, block_table[rows, :width], context_lens, adapter_slots)
+        tables = block_table[rows, :width]
+        if self.peers is not None:
+            if patch is not None or with_lora:
+                raise ValueError("decode graphs: tensor parallel steps take neither overlap nor LoRA")
+            self.peers.run(input_ids, positions, slots, tables, context_lens)
+        self._fill(n, input_ids, positions, slots, tables, context_lens, adapter_slots)
         if patch is not None:
             self.input_ids[patch[0]] = patch[1]
-        with_lora = adapter_slots is not None
         self.stats.replays += 1
         if self.mode == "padded":
             return self._forward(p, with_lora)[:n]
-        graph = self._graphs.get((p, with_lora))
-        if graph is None:
-            log.warning("no CUDA graph captured for %d decodes (lora=%s): capturing now", p, with_lora)
-            self._capture(p, with_lora)
-            graph = self._graphs[(p, with_lora)]
-        graph[0].replay()
-        return graph[1][:n]
+        graph, out = self._graphs[(p, with_lora)]
+        graph.replay()
+        return out[:n]
 
     def _fill(self, n: int, input_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, tables: np.ndarray,
               context_lens: np.ndarray, adapter_slots: list[int] | None) -> None:
@@ -150,8 +175,8 @@ class DecodeGraphs:
         meta = AttentionMetadata(slot_mapping=self.slots[:p], block_size=self.block_size,
                                  decode_groups=[DecodeGroup(0, p, self.tables[:p], None, self.context_lens[:p])])
         lora = self._lora_context(p) if with_lora else None
-        hidden = self.model.hidden_states(self.input_ids[:p], self.positions[:p], meta, self.kv_caches, lora=lora)
-        return self.model.logits(hidden, self.logits_index[:p])
+        hidden = self.local.hidden_states(self.input_ids[:p], self.positions[:p], meta, self.kv_caches, lora=lora)
+        return self.local.logits(hidden, self.logits_index[:p])
 
     def _lora_context(self, p: int) -> LoRAStepContext:
         """Every adapter group at the slots' full rank (zeros past an adapter's own), slots per row from
@@ -181,7 +206,14 @@ class DecodeGraphs:
                  self.sizes, self.stats.capture_seconds, self.stats.memory_bytes / 2**20)
         return self.stats
 
+    def capture_size(self, p: int) -> None:
+        """Capture size p without adapters now (a tensor parallel follower, as rank 0 captures it)."""
+        if self.mode == "cuda" and (p, False) not in self._graphs:
+            self._capture(p, False)
+
     def _capture(self, p: int, with_lora: bool) -> None:
+        if self.peers is not None:
+            self.peers.capture(p)  # the other ranks capture p too: the collectives inside pair up
         device = self.model.device
         free_before = torch.cuda.mem_get_info(device)[0]
         started = time.perf_counter()

@@ -89,8 +89,13 @@ class ModelRunner:
         step, eagerly)."""
         if self.lora is not None:
             self.lora.slots.allocate_all()  # graphs keep the slot buffers' addresses
-        self.graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, max_num_seqs,
-                                   self.batch.block_table.shape[1], self.dummy_block, mode, self.lora)
+        width = self.batch.block_table.shape[1]
+        # tensor parallel rank 0 (distributed/launch.py): the other ranks replay with it
+        peers = getattr(self.model, "graph_peers", None)
+        if peers is not None:
+            peers = peers(mode, max_num_seqs, width, self.dummy_block, self.kv_caches)
+        self.graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, max_num_seqs, width, self.dummy_block,
+                                   mode, self.lora, peers)
         return self.graphs
 
     @staticmethod

@@ -65,6 +65,42 @@ def test_padded_step_gives_the_unpadded_outputs(tiny):
             assert [t for t, _ in b.top] == [t for t, _ in a.top]
 
 
+class _ReplayedForward:
+    """What a CUDA graph does, on the CPU: replay reruns the captured forward on the buffers as they are now,
+    into the output tensor the capture returned."""
+
+    def __init__(self, graphs, p: int, with_lora: bool) -> None:  # noqa: ANN001
+        self.graphs, self.p, self.with_lora = graphs, p, with_lora
+
+    def replay(self) -> None:
+        out = self.graphs._graphs[(self.p, self.with_lora)][1]
+        out.copy_(self.graphs._forward(self.p, self.with_lora))
+
+
+def test_a_size_captured_on_first_use_replays_that_steps_rows(tiny, monkeypatch):
+    """No warm-up capture (an offline LLM): the first step at each padded size captures it, and a capture
+    runs the forward on padding rows. Captured after the step's rows went in, it wiped them, and that step
+    replayed padding (wrong tokens once per size). Simulated: the capture's forward on padding, then a
+    replay that recomputes from the buffers."""
+    from dataplane.runner.decode_graphs import DecodeGraphs
+
+    def capture(self, p, with_lora):  # noqa: ANN001, ANN202
+        self._fill_padding(p)
+        out = self._forward(p, with_lora).clone()  # the capture's own run: on padding rows
+        self._graphs[(p, with_lora)] = (_ReplayedForward(self, p, with_lora), out)
+        self.stats.graphs = len(self._graphs)
+
+    monkeypatch.setattr(DecodeGraphs, "_capture", capture)
+    eager = _engine(tiny, "off").generate(_prompts(), _params())
+    llm = _engine(tiny, "padded")
+    llm.core.runner.graphs.mode = "cuda"  # captures and replays, through the simulation
+    got = llm.generate(_prompts(), _params())
+    graphs = llm.core.runner.graphs
+    assert graphs.stats.graphs >= 3 and graphs.stats.replays >= 15
+    for want, have in zip(eager, got, strict=True):
+        assert have.outputs[0].token_ids == want.outputs[0].token_ids
+
+
 def test_padding_rows_touch_only_the_dummy_block(tiny):
     llm = _engine(tiny, "padded")
     core = llm.core

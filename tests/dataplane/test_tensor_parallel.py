@@ -45,6 +45,42 @@ def test_tp3_greedy_matches_one_process(tp3: LLM, smollm_fp32: LoadedModel) -> N
 
 
 @pytest.mark.slow
+def test_tp3_decode_graph_steps_match_one_process(tp3: LLM, smollm_fp32: LoadedModel) -> None:
+    """Decode graphs on every rank (mode "padded": the padded step from persistent buffers, what a GPU
+    replays as a CUDA graph per rank): rank 0 tells the followers each decode step's rows
+    (distributed/follower.GraphStep) and each rank runs its own padded step, the all-reduces pairing up.
+    Prompts of 2 to ~300 tokens finish at different lengths, so the padded size shrinks as rows leave.
+    (One tensor parallel engine per process: the module's engine is switched to graphs, then back.)"""
+    lengths = [16, 3, 9, 12, 5, 16, 7, 11]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths]
+    one = LLM(MODEL, dtype="float32", kv_cache_memory="64MiB", preloaded=smollm_fp32)
+    expected = [o.outputs[0].token_ids for o in one.generate(PROMPTS, params)]
+    runner = tp3.core.runner
+    assert runner.graphs is None  # "auto" keeps a tensor parallel engine eager
+    graphs = runner.use_graphs("padded", 8)
+    try:
+        assert graphs.peers is not None
+        broadcasts = tp3.core.model.comm.broadcasts
+        got = [o.outputs[0].token_ids for o in tp3.generate(PROMPTS, params)]
+        assert got == expected
+        assert graphs.stats.replays >= 10 and graphs.stats.eager_steps == 0  # decodes went through the ranks' padded steps
+        # one message a step whichever kind: Step for the prefill steps, GraphStep for the decodes
+        assert tp3.core.model.comm.broadcasts - broadcasts > graphs.stats.replays
+    finally:
+        runner.graphs = None
+    assert [o.outputs[0].token_ids for o in tp3.generate(PROMPTS[:2], params[:2])] == expected[:2]  # eager again
+
+
+def test_a_tensor_parallel_engine_runs_graphs_when_asked() -> None:
+    from dataplane.config import ModelConfig
+
+    for asked, device, want in (("auto", "cpu", None), ("auto", "cuda", None), ("padded", "cpu", "padded"),
+                                ("cuda", "cuda", "cuda"), ("off", "cuda", None)):
+        assert ModelConfig(MODEL, device=device, tensor_parallel_size=3, cuda_graphs=asked).graph_mode == want
+    assert ModelConfig(MODEL, device="cuda", cuda_graphs="auto").graph_mode == "cuda"
+
+
+@pytest.mark.slow
 def test_tp3_batches_arriving_one_by_one_match(tp3: LLM, smollm_fp32: LoadedModel) -> None:
     """A second call reuses the ranks' caches (prefix hits on rank 0's block ids must hold on every rank)."""
     one = LLM(MODEL, dtype="float32", kv_cache_memory="64MiB", preloaded=smollm_fp32)

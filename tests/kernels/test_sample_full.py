@@ -90,19 +90,19 @@ def test_a_token_outside_the_nucleus_never_wins_on_zero_noise():
     assert drawn.item() in (0, 1) and token not in (0, 1)
 
 
-@pytest.mark.slow  # ~10 s each: 1,500 programs in the interpreter
+@pytest.mark.slow  # ~6 s each: 800 programs in the interpreter
 @pytest.mark.parametrize("top_p,top_k,want", [(1.0, 0, [0.5, 0.3, 0.15, 0.05]), (0.8, 0, [0.625, 0.375, 0, 0]),
                                               (1.0, 3, [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0])])
 def test_the_draws_keep_the_distribution(top_p, top_k, want):
     """Many rows (seeds) of one distribution: the softmax's frequencies, renormalized over what top-p or
     top-k keeps."""
-    rows = 1500
+    rows = 800
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])).repeat(rows, 1)
     drawn = sample_full(logits, torch.ones(rows), torch.full((rows,), top_k) if top_k else None,
                         torch.full((rows,), top_p) if top_p < 1 else None, None, torch.arange(rows) * 977 + 3,
                         torch.zeros(rows, dtype=torch.long))
     freq = torch.bincount(drawn, minlength=4).float() / rows
-    assert torch.allclose(freq, torch.tensor(want), atol=0.04), freq  # 3 sigma at p = 0.5
+    assert torch.allclose(freq, torch.tensor(want), atol=0.055), freq  # 3.1 sigma at p = 0.5
 
 
 @pytest.mark.parametrize("case,message", [
