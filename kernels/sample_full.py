@@ -55,6 +55,18 @@ def _noise(stream, ids):
 
 
 @triton.jit
+def _race(x, ids, allowed, t, best, floor, stream, start):
+    """The race on one tile: (its best score, the lowest id reaching it) over the `allowed` tokens that
+    min-p keeps, score e^(x/t - best) / noise(id); also the tile's e^(x/t - best)."""
+    v = x / t
+    d = v - best
+    e = tl.exp(d)
+    w = tl.where(allowed & (v >= floor) & (d >= -87.0), e, 0.0)  # past -87 e^d is no normal float: out
+    score = w / _noise(stream, ids)
+    return tl.max(score, axis=0), tl.argmax(score, axis=0).to(tl.int32) + start, e
+
+
+@triton.jit
 def _sample_full_kernel(
     out_ptr,  # [R] int64 drawn token ids
     logits_ptr,  # [R, V] float32, unit stride along V
@@ -107,12 +119,7 @@ def _sample_full_kernel(
     for start in range(0, vocab, BLOCK):
         ids = start + offs
         x = tl.load(x_row + ids, mask=ids < vocab, other=float("-inf"))
-        v = x / t
-        d = v - best
-        w = tl.where((ids < vocab) & (v >= floor) & (d >= -87.0), tl.exp(d), 0.0)
-        score = w / _noise(stream, ids)
-        tile_top = tl.max(score, axis=0)
-        at = tl.argmax(score, axis=0).to(tl.int32) + start
+        tile_top, at, _ = _race(x, ids, ids < vocab, t, best, floor, stream, start)
         better = tile_top > score_top
         choice = tl.where(better, at, choice)
         score_top = tl.where(better, tile_top, score_top)
@@ -131,16 +138,10 @@ def _sample_full_kernel(
                 ids = start + offs
                 x = tl.load(x_row + ids, mask=ids < vocab, other=float("-inf"))
                 ahead = (ids < vocab) & ((x > cv) | ((x == cv) & (ids < c)))
-                v = x / t
-                d = v - best
-                e = tl.exp(d)
+                tile_top, at, e = _race(x, ids, ahead, t, best, floor, stream, start)
                 before_count += tl.sum(ahead.to(tl.int64), axis=0)
                 if HAS_TOP_P:
                     before_mass += tl.sum(tl.where(ahead, e, 0.0), axis=0)
-                w = tl.where(ahead & (v >= floor) & (d >= -87.0), e, 0.0)
-                score = w / _noise(stream, ids)
-                tile_top = tl.max(score, axis=0)
-                at = tl.argmax(score, axis=0).to(tl.int32) + start
                 better = tile_top > next_top
                 next_choice = tl.where(better, at, next_choice)
                 next_top = tl.where(better, tile_top, next_top)

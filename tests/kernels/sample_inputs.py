@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+from dataplane.sampling.sampler import SamplingBatch
 
 FULL_MIXES = {  # rows of the whole-vocabulary draw: what each row carries (0 / 1 / None: off)
     "temperature only": (None, None, None),
@@ -30,3 +33,14 @@ def full_inputs(rows: int, vocab: int, seed: int, scale: float) -> dict:
 # A (seed, output index, token) whose hash has all its top bits set: with 24 bits of it as the uniform,
 # (2^24 - 1) + 0.5 rounded to 2^24 in float32, u to 1 and the noise to 0 (found by search).
 ZERO_NOISE = (7, 6165, 389)
+
+
+def top_p_batch() -> SamplingBatch:
+    """16 rows for the whole-vocabulary draw (no top_k): temperature 0.9, top-p 0.9 on two rows in three,
+    the even rows seeded, row 7 greedy."""
+    b = SamplingBatch(np.full(16, 0.9, dtype=np.float32),
+                      top_p=np.where(np.arange(16) % 3 == 0, 1.0, 0.9).astype(np.float32))
+    b.seeds = np.where(np.arange(16) % 2 == 0, np.arange(16) * 5, -1).astype(np.int64)
+    b.output_index = np.arange(16, dtype=np.int64)
+    b.temperature[7] = 0.0
+    return b

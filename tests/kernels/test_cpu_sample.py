@@ -11,7 +11,7 @@ from dataplane.sampling.sampler import Sampler, SamplingBatch
 from kernels import cpu_sample
 from kernels.reference import sample_full_ref, sample_top_k_ref, top_k_top_p_mask
 from kernels.seeded_noise import seeded_noise
-from tests.kernels.sample_inputs import FULL_MIXES, ZERO_NOISE, full_inputs
+from tests.kernels.sample_inputs import FULL_MIXES, ZERO_NOISE, full_inputs, top_p_batch
 
 pytestmark = pytest.mark.skipif(not cpu_sample.available(), reason="the C++ CPU kernels cannot be built here")
 
@@ -252,13 +252,7 @@ def test_the_sampler_draws_the_same_over_the_vocabulary_with_or_without_the_kern
     torch.manual_seed(6)
     logits = torch.randn(16, 3000) * 2.0
 
-    def batch() -> SamplingBatch:
-        b = SamplingBatch(np.full(16, 0.9, dtype=np.float32),
-                          top_p=np.where(np.arange(16) % 3 == 0, 1.0, 0.9).astype(np.float32))
-        b.seeds = np.where(np.arange(16) % 2 == 0, np.arange(16) * 5, -1).astype(np.int64)
-        b.output_index = np.arange(16, dtype=np.int64)
-        b.temperature[7] = 0.0
-        return b
+    batch = top_p_batch
 
     with_kernel, without = Sampler(seed=9), Sampler(seed=9)
     got = [with_kernel.sample_tensor(logits, batch())[0] for _ in range(3)]

@@ -12,7 +12,7 @@ from kernels import cpu_sample
 from kernels.reference import sample_full_ref
 from kernels.sample_full import sample_full
 from kernels.seeded_noise import seeded_noise
-from tests.kernels.sample_inputs import FULL_MIXES, ZERO_NOISE, full_inputs
+from tests.kernels.sample_inputs import FULL_MIXES, ZERO_NOISE, full_inputs, top_p_batch
 
 
 @pytest.mark.parametrize("rows,vocab", [(4, 49152), (24, 512), (12, 5000), (20, 37)])
@@ -140,13 +140,7 @@ def test_the_sampler_draws_with_the_kernel_where_the_kernels_run(monkeypatch):
     torch.manual_seed(6)
     logits = torch.randn(16, 3000) * 2.0
 
-    def batch() -> SamplingBatch:
-        b = SamplingBatch(np.full(16, 0.9, dtype=np.float32),
-                          top_p=np.where(np.arange(16) % 3 == 0, 1.0, 0.9).astype(np.float32))
-        b.seeds = np.where(np.arange(16) % 2 == 0, np.arange(16) * 5, -1).astype(np.int64)
-        b.output_index = np.arange(16, dtype=np.int64)
-        b.temperature[7] = 0.0
-        return b
+    batch = top_p_batch
 
     want = Sampler(seed=9).sample_tensor(logits, batch())[0] if cpu_sample.available() else None
     calls = []
