@@ -21,7 +21,8 @@ LAYERS: list[tuple[str, ...]] = [
      "dataplane.scheduler.output"),  # the dataclasses that are the scheduler's contract with the runner
     ("dataplane.models", "dataplane.quant", "dataplane.lora", "dataplane.distributed"),
     ("dataplane.runner", "dataplane.sampling", "dataplane.structured", "dataplane.spec_decode"),
-    ("dataplane.engine", "dataplane.scheduler", "dataplane.kv_cache", "dataplane"),
+    ("dataplane.engine", "dataplane.scheduler", "dataplane.kv_cache", "dataplane",
+     "dataplane.distributed.follower"),  # a rank's process: its loop runs the runner's decode graphs
     ("dataplane.quantize",),  # the tools that make and gate quantized checkpoints: the gate runs the engine
     ("dataplane.worker",),
     # the control plane's ground floor: errors, async ORM calls, client address, renderers; and the audit

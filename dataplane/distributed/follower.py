@@ -6,7 +6,8 @@ runs its shard's forward, joining the two all-reduces per layer; its output is d
 rank 0's hidden states are already the sum over all ranks. A decode-only step where rank 0 runs
 decode graphs comes as a GraphStep instead: the follower keeps DecodeGraphs of its own and replays
 (or captures) the same padded size. The KV cache of the follower's heads
-lives here and follows the block ids rank 0's scheduler chose.
+lives here and follows the block ids rank 0's scheduler chose. The messages are distributed/messages.py;
+this loop runs the runner's DecodeGraphs, so it stands at the engine's layer (tests/test_import_layers.py).
 """
 
 from __future__ import annotations
@@ -17,57 +18,22 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from dataplane.config import ModelConfig
-from dataplane.distributed.group import RankInfo, init_group, move
+from dataplane.distributed.group import init_group, move
 from dataplane.distributed.load import build_shard
-from dataplane.models.attention import AttentionMetadata, allocate_kv_cache
+from dataplane.distributed.messages import FollowerSpec, GraphStep
+from dataplane.models.attention import allocate_kv_cache
 from dataplane.models.loader import read_weights
 from dataplane.models.registry import resolve_model_path
 from dataplane.runner.decode_graphs import DecodeGraphs
 
 # Followers wait for the next step as long as the engine idles; the parent watchdog ends them.
 FOLLOWER_TIMEOUT_S = 365 * 24 * 3600.0
-
-
-@dataclass(slots=True)
-class Step:
-    """One forward pass, as rank 0 runs it. `None` in its place tells the followers to exit."""
-
-    input_ids: torch.Tensor  # [T] long
-    positions: torch.Tensor  # [T] long
-    meta: AttentionMetadata  # built once by rank 0's runner, before any layer ran
-    num_blocks: int  # KV blocks per layer: the follower allocates its cache shard on the first step
-    block_size: int
-    kv_cache_dtype: str = "auto"  # the engine's CacheConfig.kv_cache_dtype: the shard is allocated alike
-
-
-@dataclass(slots=True)
-class GraphStep:
-    """A decode-only step through every rank's DecodeGraphs (runner/decode_graphs.py): each rank copies
-    these rows into its persistent buffers and replays its graph of the padded size (on CUDA the NCCL
-    all-reduces are inside the graphs), or, with `capture` set, captures that size, as rank 0 does at the
-    same moment: the collectives of a capture and of its warm-up must pair up across the ranks."""
-
-    mode: str  # 'cuda' (captured graphs) or 'padded' (the same padded step, eagerly)
-    max_num_seqs: int  # rank 0's DecodeGraphs' sizes, buffers and dummy block, built alike here
-    table_width: int
-    dummy_block: int
-    num_blocks: int  # KV blocks per layer and their size: the cache shard, when it is not allocated yet
-    block_size: int
-    kv_cache_dtype: str
-    capture: int | None = None  # capture this padded size now (no rows)
-    input_ids: np.ndarray | None = None  # [n] the step's rows, as DecodeGraphs.run takes them
-    positions: np.ndarray | None = None
-    slots: np.ndarray | None = None
-    tables: np.ndarray | None = None  # [n, width] the rows' block tables
-    context_lens: np.ndarray | None = None
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -80,28 +46,13 @@ def _watch_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="tessera-tp-watchdog", daemon=True).start()
 
 
-@dataclass(slots=True)
-class FollowerSpec:
-    """What rank 0 hands a follower on its stdin (pickled)."""
-
-    model_config: ModelConfig
-    info: RankInfo
-    port: int  # rank 0's rendezvous port on 127.0.0.1
-    threads: int  # torch intra-op threads
-    parent_pid: int  # rank 0's process: the follower exits when it is gone
-
-
 def main() -> None:
     """`python -m dataplane.distributed.follower READY_FD` with a pickled FollowerSpec on stdin.
 
     A fresh interpreter rather than multiprocessing's spawn, which re-imports the parent's main
     module: a script without a main guard would start its engine again in every rank."""
-    # Run as the package's module, not as __main__: the step messages unpickle as its classes
-    # (dataplane.distributed.follower.GraphStep), and the loop tells them apart with isinstance.
-    from dataplane.distributed import follower
-
     spec: FollowerSpec = pickle.load(sys.stdin.buffer)
-    follower.follower_main(spec, os.fdopen(int(sys.argv[1]), "wb"))
+    follower_main(spec, os.fdopen(int(sys.argv[1]), "wb"))
 
 
 def _report(ready: Any, error: str | None) -> None:

@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 
 from dataplane.config import ModelConfig
-from dataplane.distributed.follower import FollowerSpec, GraphStep, Step
 from dataplane.distributed.group import CommStats, RankInfo, init_group, move, rank_device, rendezvous_store
 from dataplane.distributed.load import build_shard, check_supported
+from dataplane.distributed.messages import FollowerSpec, GraphStep, Step
 from dataplane.distributed.shard import check_tensor_parallel_size, shard_args
 from dataplane.models.loader import LoadedModel, read_weights
 from dataplane.models.registry import resolve_model_path

@@ -48,7 +48,7 @@ def test_tp3_greedy_matches_one_process(tp3: LLM, smollm_fp32: LoadedModel) -> N
 def test_tp3_decode_graph_steps_match_one_process(tp3: LLM, smollm_fp32: LoadedModel) -> None:
     """Decode graphs on every rank (mode "padded": the padded step from persistent buffers, what a GPU
     replays as a CUDA graph per rank): rank 0 tells the followers each decode step's rows
-    (distributed/follower.GraphStep) and each rank runs its own padded step, the all-reduces pairing up.
+    (distributed/messages.GraphStep) and each rank runs its own padded step, the all-reduces pairing up.
     Prompts of 2 to ~300 tokens finish at different lengths, so the padded size shrinks as rows leave.
     (One tensor parallel engine per process: the module's engine is switched to graphs, then back.)"""
     lengths = [16, 3, 9, 12, 5, 16, 7, 11]
